@@ -1,0 +1,12 @@
+# Debian packages (scripts/install-deps installs them).
+find_package(yaml-cpp REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(ZLIB REQUIRED)
+find_path(LT_STB_INCLUDE_DIR stb_image.h PATH_SUFFIXES stb REQUIRED)
+if(LT_BUILD_TESTS)
+  find_package(Catch2 REQUIRED)
+endif()
+find_package(Threads REQUIRED)

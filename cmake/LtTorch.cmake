@@ -1,0 +1,40 @@
+# Finds LibTorch: Debian's libtorch-dev (1.13, CPU) by default, or the one inside a PyTorch 2.x
+# installation when Torch_DIR points there (CUDA builds):
+#   -DTorch_DIR=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')/Torch
+find_package(Torch REQUIRED)
+
+set(LT_TORCH_VERSION "${Torch_VERSION}")
+if(NOT LT_TORCH_VERSION)
+  set(LT_TORCH_VERSION "unknown")
+endif()
+if(TORCH_CUDA_LIBRARIES OR CAFFE2_USE_CUDA OR TARGET torch_cuda)
+  set(LT_WITH_CUDA ON)
+else()
+  set(LT_WITH_CUDA OFF)
+endif()
+
+# lt_torch_pch: a tiny library that owns the precompiled LibTorch header. Every target that uses
+# LibTorch links lt_torch (below) and, with LT_ENABLE_PCH, reuses this one PCH instead of building
+# its own (one PCH compile per build, not per target).
+add_library(lt_torch INTERFACE)
+# Everything the PCH includes is linked here too, so every consumer compiles with the same
+# definitions as the PCH (GCC ignores a PCH when e.g. FMT_SHARED differs).
+target_link_libraries(lt_torch INTERFACE ${TORCH_LIBRARIES} spdlog::spdlog fmt::fmt nlohmann_json::nlohmann_json)
+target_compile_options(lt_torch INTERFACE ${TORCH_CXX_FLAGS})
+if(LT_WITH_CUDA)
+  target_compile_definitions(lt_torch INTERFACE LT_WITH_CUDA=1)
+endif()
+
+add_library(lt_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
+target_link_libraries(lt_torch_pch PUBLIC lt_torch)
+if(LT_ENABLE_PCH)
+  target_precompile_headers(lt_torch_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_pch.h)
+endif()
+
+# lt_use_torch(target): link LibTorch and share the PCH.
+function(lt_use_torch target)
+  target_link_libraries(${target} PUBLIC lt_torch)
+  if(LT_ENABLE_PCH)
+    target_precompile_headers(${target} REUSE_FROM lt_torch_pch)
+  endif()
+endfunction()

@@ -1,0 +1,11 @@
+# lt_project_warnings(target): warnings for the project's own code (never for third-party headers).
+function(lt_project_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  if(LT_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(LT_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()

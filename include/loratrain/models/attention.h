@@ -1,0 +1,29 @@
+// Scaled dot-product attention shared by every model family.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace lt::models {
+
+struct AttentionOptions {
+  // Queries are processed in chunks of this many rows so the full [Lq, Lk] score matrix is never
+  // materialised (the memory-efficient path). 0 = one chunk (plain attention).
+  int64_t query_chunk = 0;
+  bool causal = false;            // mask keys after the query position (CLIP text encoder)
+  bool upcast = false;            // compute scores and softmax in fp32 (diffusers upcast_attention)
+  std::optional<double> scale;    // default 1/sqrt(head_dim)
+};
+
+// q: [B, H, Lq, D], k and v: [B, H, Lk, D], mask (optional, additive, broadcastable to
+// [B, H, Lq, Lk]) -> [B, H, Lq, D]. Mirrors torch.nn.functional.scaled_dot_product_attention.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const AttentionOptions& options = {},
+                     const std::optional<at::Tensor>& mask = std::nullopt);
+
+// The process-wide default chunk size used by models built without an explicit one
+// (config: the memory-efficient attention switch). 0 disables chunking.
+void set_default_query_chunk(int64_t rows);
+int64_t default_query_chunk();
+
+}  // namespace lt::models

@@ -1,0 +1,55 @@
+// Leaf modules that LoRA can attach to. They register `weight` and `bias` exactly as
+// torch.nn.Linear / torch.nn.Conv2d do, so checkpoint keys map straight onto them; a trainable
+// adapter (lora/) can be attached without changing the base parameters or their names.
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+
+namespace lt::models {
+
+// A trainable delta added to a frozen leaf's output. The adapter is not a registered submodule of
+// the base model: base checkpoints keep their exact key sets, and the LoRA network owns adapters.
+class Adapter {
+ public:
+  virtual ~Adapter() = default;
+  // x: the leaf's input; returns the delta to add to the leaf's output (same shape as it).
+  virtual torch::Tensor delta(const torch::Tensor& x) = 0;
+};
+
+// Mirrors torch.nn.Linear. x: [..., in_features] -> [..., out_features].
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias = true);
+  torch::Tensor forward(const torch::Tensor& x);
+  void reset_parameters();  // torch.nn.Linear's default init (kaiming-uniform a=sqrt(5))
+
+  int64_t in_features;
+  int64_t out_features;
+  torch::Tensor weight;  // [out, in]
+  torch::Tensor bias;    // [out] or undefined
+  std::shared_ptr<Adapter> adapter;
+};
+TORCH_MODULE(Linear);
+
+// Mirrors torch.nn.Conv2d (groups = 1, dilation = 1). x: [N, C_in, H, W] -> [N, C_out, H', W'].
+class Conv2dImpl : public torch::nn::Module {
+ public:
+  Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+             int64_t padding = 0, bool bias = true);
+  torch::Tensor forward(const torch::Tensor& x);
+  void reset_parameters();
+
+  int64_t in_channels;
+  int64_t out_channels;
+  int64_t kernel_size;
+  int64_t stride;
+  int64_t padding;
+  torch::Tensor weight;  // [out, in, k, k]
+  torch::Tensor bias;    // [out] or undefined
+  std::shared_ptr<Adapter> adapter;
+};
+TORCH_MODULE(Conv2d);
+
+}  // namespace lt::models

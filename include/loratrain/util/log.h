@@ -1,0 +1,13 @@
+#pragma once
+#include <filesystem>
+#include <string>
+
+namespace lt::log {
+
+// Console logging at `level` (trace, debug, info, warn, error, off). Call once from main.
+void init(const std::string& level);
+
+// Also log everything to `path` (the run folder's log file).
+void add_file(const std::filesystem::path& path);
+
+}  // namespace lt::log

@@ -1,0 +1,29 @@
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lt {
+
+// Edit distance (insertions, deletions, substitutions), for "did you mean" suggestions.
+size_t edit_distance(std::string_view a, std::string_view b);
+
+// The candidate closest to `word`, if it is close enough to be a plausible typo.
+std::optional<std::string> closest_match(std::string_view word,
+                                         const std::vector<std::string>& candidates);
+
+// "1.5GiB", "800MiB", "24GB", "1024" (bytes) -> bytes. nullopt when not a size.
+std::optional<int64_t> parse_byte_size(std::string_view text);
+
+// 1610612736 -> "1.50 GiB"
+std::string format_bytes(int64_t bytes);
+
+std::string to_lower(std::string_view s);
+std::string trim(std::string_view s);
+std::vector<std::string> split(std::string_view s, char sep);
+bool starts_with(std::string_view s, std::string_view prefix);
+bool ends_with(std::string_view s, std::string_view suffix);
+
+}  // namespace lt
