@@ -1,0 +1,61 @@
+// Classification (OOM_PLAYBOOK.md §2): from the phase and the memory state at the failure, which
+// kind of OOM this is. A pure function: everything it reads is in FailureContext.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "loratrain/memory/device_memory.h"
+#include "loratrain/memory/oom.h"
+#include "loratrain/memory/phase.h"
+#include "loratrain/memory/settings.h"
+
+namespace lt::memory {
+
+enum class Classification {
+  load,           // A: loading, caching, baseline sample: before training starts
+  early_steps,    // B: steps 1-10 (and later steps not explained by the largest bucket)
+  sometimes,      // D: a later step, on the largest bucket
+  sampling,       // C: periodic previews
+  video_spike,    // a video model's training step: frames are the lever
+  environment,    // E: conservative settings failing before training, with memory held elsewhere
+  fragmentation,  // the request would fit: free or cached-but-unallocated memory is large
+};
+const char* to_string(Classification c);
+
+// Thresholds, named once (docs/oom-guard.md explains each).
+inline constexpr int64_t kEarlyStepLimit = 10;           // steps 1..10 are "early"
+inline constexpr int kConservativeResolution = 512;      // largest bucket <= 512 is conservative
+inline constexpr int kConservativeFrames = 33;           // clips of <= 33 frames are conservative
+inline constexpr double kForeignFraction = 0.25;         // > 25% of the card held by others
+inline constexpr double kFragmentedFraction = 0.25;      // reserved-unallocated > 25% of total
+inline constexpr int64_t kFragmentedBytes = int64_t(1) << 30;  // ... or > 1 GiB
+
+struct FailureContext {
+  Phase phase = Phase::train_step;
+  PhaseContext where;
+  bool largest_bucket = false;     // the failing batch is from the largest active resolution
+  MemorySettings settings;         // in effect when it failed
+  OomInfo error;                   // detection result and the message's numbers
+  FreeTotal at_start;              // free/total when the run started (check_start)
+  int64_t foreign_at_start = 0;    // bytes held by something else at start (total - free - ours)
+  int64_t steps_completed = 0;     // training steps that succeeded in this run
+  bool same_step_failed_before = false;  // this (phase, step) already failed once
+};
+
+struct Classified {
+  Classification kind = Classification::early_steps;
+  // The class whose ladder applies once a quick retry (fragmentation, environment) is used up;
+  // equal to `kind` otherwise.
+  Classification ladder = Classification::early_steps;
+  bool first_step = false;      // a training step before any step succeeded ("step 1 exactly")
+  bool largest_bucket = false;
+  std::string reason;           // one sentence: the evidence
+};
+
+// Batch 1, checkpointing on, largest bucket <= 512, clips <= 33 frames: the playbook's
+// "already conservative" settings.
+bool is_conservative(const MemorySettings& s);
+
+Classified classify(const FailureContext& ctx);
+
+}  // namespace lt::memory

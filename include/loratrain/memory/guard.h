@@ -1,0 +1,211 @@
+// The OOM guard (issue 6, OOM_PLAYBOOK.md): phases entered through scopes, and on an allocation
+// failure one documented change at a time, retrying the same step. The trainer loop reads:
+//
+//   while (true) {
+//     try {
+//       auto scope = guard.enter(Phase::train_step, {step, w, h, frames, batch});
+//       body();
+//       break;
+//     } catch (...) {
+//       auto d = guard.recover(std::current_exception());
+//       if (d.rethrow()) throw;                       // not a memory failure
+//       if (d.give_up()) return save_and_exit(d);     // exit 3 / 4, fixed.yaml from d.settings
+//       apply(d.settings);                            // one change; same batch, same RNG state
+//     }
+//   }
+#pragma once
+#include <chrono>
+#include <exception>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "loratrain/memory/classify.h"
+#include "loratrain/memory/device_memory.h"
+#include "loratrain/memory/ladder.h"
+#include "loratrain/memory/phase.h"
+#include "loratrain/memory/report.h"
+#include "loratrain/memory/settings.h"
+#include "loratrain/util/error.h"
+
+namespace lt::memory {
+
+struct GuardOptions {
+  bool enabled = true;       // off: OOMs propagate unchanged (recover() says rethrow)
+  int max_attempts = 20;     // OOM recoveries per run before giving up with exit 3
+  bool scale_up = false;     // §5: after stable steps, re-enable one heavier setting at a time
+  int scale_up_after = 100;  // stable training steps before each scale-up (and to keep one)
+};
+
+// One OOM and what the guard did about it (report.json "attempts").
+struct AttemptRecord {
+  int attempt = 0;  // 1-based, in order
+  Phase phase = Phase::load;
+  PhaseContext where;
+  std::optional<Classification> classification;  // none for host RAM exhaustion
+  std::string reason;
+  ActionKind action = ActionKind::give_up_exhausted;
+  std::string description;
+  std::string error;        // first line of the error message
+  OomNumbers numbers;
+  MemorySnapshot before;    // at the failure
+  MemorySnapshot after;     // after the step unwound and the cache was emptied
+  MemorySettings settings;  // in effect after the action
+  double at_seconds = 0;    // since the guard was created
+  double recover_seconds = 0;  // time spent inside recover()
+};
+
+struct ScaleUpRecord {
+  int64_t step = 0;
+  ScaleLever lever = ScaleLever::larger_bucket;
+  std::string description;
+  bool reverted = false;
+};
+
+struct StartCheck {
+  FreeTotal at_start;
+  int64_t foreign = 0;  // held by something else: total - free - ours
+  bool warned = false;
+};
+
+struct Decision {
+  enum class Kind { retry, give_up, rethrow };
+  Kind kind = Kind::rethrow;
+  Action action;             // the change (retry) or the reason (give up)
+  MemorySettings settings;   // apply before retrying; for give_up: what fixed.yaml should hold
+  ExitCode exit_code = ExitCode::kOk;  // give_up: kOomExhausted, kEnvironment, or kRuntime (host RAM)
+  std::string message;       // the log line (without the "oom-guard: " prefix for give-ups too)
+  bool retry() const { return kind == Kind::retry; }
+  bool give_up() const { return kind == Kind::give_up; }
+  bool rethrow() const { return kind == Kind::rethrow; }
+};
+
+// Thrown by OomGuard::run() when the guard gives up; carries the decision and its exit code.
+class OomGiveUp : public Error {
+ public:
+  explicit OomGiveUp(Decision d) : Error(d.exit_code, d.message), decision_(std::move(d)) {}
+  const Decision& decision() const { return decision_; }
+
+ private:
+  Decision decision_;
+};
+
+class OomGuard;
+
+// RAII: the guard knows the phase while this lives; on exit it records the phase's peak memory,
+// and on exit by exception it remembers where the failure happened for recover().
+class PhaseScope {
+ public:
+  PhaseScope(PhaseScope&& other) noexcept;
+  PhaseScope& operator=(PhaseScope&&) = delete;
+  PhaseScope(const PhaseScope&) = delete;
+  ~PhaseScope();
+  // The context may become known inside the phase (the bucket after the batch is drawn).
+  void update(const PhaseContext& where);
+
+ private:
+  friend class OomGuard;
+  PhaseScope(OomGuard* guard, size_t depth);
+  OomGuard* guard_;
+  size_t depth_;
+  int uncaught_;
+};
+
+class OomGuard {
+ public:
+  OomGuard(DeviceMemory& memory, GuardOptions options, MemorySettings initial);
+
+  // Free vs total at start; warns when something else holds much of the device.
+  StartCheck check_start();
+
+  PhaseScope enter(Phase phase, PhaseContext where = {});
+
+  // Call from a catch block after the failed scope unwound. Not a memory failure (or guard
+  // disabled): rethrow. Otherwise logs one line, empties caches and returns the retry with one
+  // change, or gives up (exit 3 ladder exhausted, 4 environment, 1 host RAM).
+  Decision recover(std::exception_ptr error);
+
+  // After each successful training step (optimizer step done): counts stable steps and, with
+  // options.scale_up, returns a heavier setting to apply from the next step on.
+  std::optional<Action> step_completed(int64_t step);
+
+  // Runs `body` in `phase` until it succeeds: on OOM calls apply(settings) and retries; a
+  // non-memory error propagates; giving up throws OomGiveUp.
+  template <class Body, class Apply>
+  void run(Phase phase, const PhaseContext& where, Body&& body, Apply&& apply) {
+    for (;;) {
+      try {
+        auto scope = enter(phase, where);
+        body();
+        return;
+      } catch (...) {
+        Decision d = recover(std::current_exception());
+        if (d.rethrow()) throw;
+        if (d.give_up()) throw OomGiveUp(std::move(d));
+        apply(d.settings);
+      }
+    }
+  }
+
+  const MemorySettings& settings() const { return settings_; }
+  const MemorySettings& initial_settings() const { return history_.initial; }
+  const std::vector<AttemptRecord>& attempts() const { return attempts_; }
+  const std::vector<ScaleUpRecord>& scale_ups() const { return scale_ups_; }
+  const PhasePeaks& peaks() const { return peaks_; }
+  int64_t steps_completed() const { return steps_completed_; }
+  std::optional<Phase> current_phase() const;
+  DeviceMemory& memory() { return memory_; }
+  const GuardOptions& options() const { return options_; }
+
+  // The end-of-run summary (console): every change, final settings, peak per phase.
+  std::string summary() const;
+  // For report.json: options, start check, attempts, scale-ups, settings, peaks, outcome.
+  nlohmann::json to_json() const;
+
+ private:
+  friend class PhaseScope;
+  struct Frame {
+    Phase phase;
+    PhaseContext where;
+    int64_t running_peak = 0;
+  };
+  struct Failure {
+    Phase phase;
+    PhaseContext where;
+    MemorySnapshot at_exit;
+  };
+  struct PendingScaleUp {
+    ScaleLever lever;
+    MemorySettings before;
+  };
+
+  void exit_phase(size_t depth, bool failed);
+  bool is_largest_bucket(const PhaseContext& where) const;
+  Decision finish(Decision d, AttemptRecord rec, std::chrono::steady_clock::time_point t0);
+  double seconds_since_start() const;
+
+  DeviceMemory& memory_;
+  GuardOptions options_;
+  MemorySettings settings_;
+  LadderHistory history_;
+  std::vector<Frame> frames_;
+  std::optional<Failure> last_failure_;
+  std::vector<std::pair<Phase, int64_t>> failed_steps_;
+  std::vector<AttemptRecord> attempts_;
+  std::vector<ScaleUpRecord> scale_ups_;
+  std::set<ScaleLever> blocked_;
+  std::optional<PendingScaleUp> pending_;
+  PhasePeaks peaks_;
+  StartCheck start_;
+  bool start_checked_ = false;
+  int64_t steps_completed_ = 0;
+  int64_t stable_steps_ = 0;
+  std::string outcome_ = "ok";
+  std::chrono::steady_clock::time_point created_;
+};
+
+}  // namespace lt::memory

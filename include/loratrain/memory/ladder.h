@@ -1,0 +1,85 @@
+// The rollback ladder (OOM_PLAYBOOK.md §3-§5) as pure functions: given how it failed, the settings
+// in effect and what was tried, the one next change. No I/O, no device: tests assert sequences.
+#pragma once
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "loratrain/memory/classify.h"
+#include "loratrain/memory/settings.h"
+
+namespace lt::memory {
+
+enum class ActionKind {
+  empty_cache_retry,       // same settings, caches emptied: once per failing step
+  enable_checkpointing,
+  batch_to_one,            // gradient accumulation multiplied by the old batch: effective batch kept
+  drop_largest_bucket,     // its images are re-bucketed to the next resolution down
+  checkpointing_and_lower_resolution,  // "step 1 exactly, every time": both at once
+  shrink_samples,          // halve preview width/height (floor 256) and steps (floor 8)
+  disable_sampling,        // no previews, baseline included
+  skip_baseline_sample,
+  enable_low_vram,         // text encoder / VAE on the CPU except while used
+  quantize_base,           // frozen base weights stored as int8 with per-channel scales
+  reduce_frames,           // halve num_frames (dataset and sample), on the 4k+1 grid when used
+  give_up_exhausted,       // exit 3
+  give_up_environment,     // exit 4
+  give_up_host_memory,     // host RAM exhausted, not the device: exit 1 (the ladder cannot help)
+  scale_up,                // §5: one heavier setting back after stable steps
+  revert_scale_up,         // the scale-up failed: back to the last stable settings, for good
+};
+const char* to_string(ActionKind k);
+inline bool gives_up(ActionKind k) {
+  return k == ActionKind::give_up_exhausted || k == ActionKind::give_up_environment ||
+         k == ActionKind::give_up_host_memory;
+}
+
+struct Action {
+  ActionKind kind = ActionKind::give_up_exhausted;
+  std::string description;  // what changed, in the config's keys: "train.batch_size 4 -> 1 (...)"
+  MemorySettings settings;  // the settings after the change
+  bool gives_up() const { return memory::gives_up(kind); }
+  int exit_code() const;    // 3 exhausted, 4 environment, 1 host memory, 0 otherwise
+};
+
+// The guard's memory of earlier failures, as far as the ladder needs it.
+struct LadderHistory {
+  MemorySettings initial;                  // as configured
+  std::vector<MemorySettings> failed;      // every settings under which an OOM happened
+  struct QuickRetry {
+    Phase phase;
+    int64_t step;
+  };
+  std::vector<QuickRetry> quick_retries;   // empty-cache retries already spent
+  int environment_failures = 0;            // environment-classified failures so far
+
+  bool tried(const MemorySettings& s) const;
+  bool quick_retried(Phase phase, int64_t step) const;
+};
+
+// The one next change for this failure. Never returns settings that already failed, nor the
+// current settings, except empty_cache_retry (once per failing step). Gives up with exit 3 when
+// no lever is left, and with exit 4 for an environment failure after at most one retry.
+Action next_action(const FailureContext& ctx, const Classified& c, const LadderHistory& history);
+
+// §5 scale-up, opt-in. Levers in playbook order; the stable memory settings (checkpointing,
+// low_vram, quantization) are never undone.
+enum class ScaleLever { larger_bucket, richer_sampling, larger_batch, more_frames };
+const char* to_string(ScaleLever l);
+
+struct ScaleUp {
+  ScaleLever lever;
+  Action action;  // kind scale_up
+};
+
+// The next heavier setting to re-enable, or nothing when every lever is back at its configured
+// value or blocked (it failed once after a scale-up: reverted for good).
+std::optional<ScaleUp> next_scale_up(const MemorySettings& current, const MemorySettings& initial,
+                                     const std::set<ScaleLever>& blocked);
+
+// Settings helpers the ladder uses, exposed for the trainer and tests.
+int reduced_frames(int frames);   // 81 -> 41 -> 21 -> 11 -> 5 on 4k+1; otherwise halved; >= 1
+int increased_frames(int frames, int cap);  // the inverse step, capped
+
+}  // namespace lt::memory
