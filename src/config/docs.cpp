@@ -1,0 +1,178 @@
+// The key tables as data (all_keys) and docs/config.md rendered from them, so the reference can
+// never drift from what the parser accepts (tests/config checks the file is up to date).
+#include <algorithm>
+#include <sstream>
+
+#include "loratrain/config/schema.h"
+#include "loratrain/util/strings.h"
+#include "schema_tables.h"
+
+namespace lt::config {
+
+const std::vector<KeyInfo>& all_keys() {
+  static const std::vector<KeyInfo> keys = [] {
+    std::vector<KeyInfo> out;
+    auto top = [&](const char* path, const char* type, const char* dflt, const char* allowed, const char* doc) {
+      KeyInfo k;
+      k.name = path;
+      k.path = path;
+      k.section = "(top level)";
+      k.type = type;
+      k.default_value = dflt;
+      k.allowed = allowed;
+      k.doc = doc;
+      out.push_back(k);
+    };
+    top("job", "string", "", "extension", "Job kind. Required. (AI Toolkit's train, extract, generate and mod jobs are not supported yet.)");
+    top("config.name", "string", "", "a plain folder name",
+        "Name of the run: its folder (training_folder/<name>) and adapter file name. Required. Replaces [name] in every string.");
+    top("config.process", "list of sections", "", "exactly one item", "The trainer process (keys below). Required.");
+    top("meta", "mapping", "{}", "", "Free-form metadata written into the adapter file (name: \"[name]\", version: '1.0').");
+    detail::collect_keys(detail::process_table(), "", out);
+    return out;
+  }();
+  return keys;
+}
+
+namespace {
+// "datasets.0.resolution" -> "datasets[].resolution"
+std::string table_path(const std::string& dotted) {
+  std::string out;
+  for (const auto& part : split(dotted, '.')) {
+    if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) out += "[]";
+    else out += (out.empty() ? "" : ".") + part;
+  }
+  return out;
+}
+}  // namespace
+
+const KeyInfo* find_key(const std::string& dotted_path) {
+  const std::string path = table_path(dotted_path);
+  for (const auto& k : all_keys())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+bool is_memory_lever(const std::string& dotted_path) {
+  const KeyInfo* k = find_key(dotted_path);
+  return k && k->memory_lever;
+}
+
+namespace {
+
+std::string cell(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '|') out += "\\|";
+    else if (ch == '\n') out += ' ';
+    else out += ch;
+  }
+  return out;
+}
+
+std::string code(const std::string& s) { return s.empty() ? "" : "`" + cell(s) + "`"; }
+
+std::string status(const KeyInfo& k) {
+  if (k.ours) return "lora-train";
+  switch (k.support) {
+    case Support::kSupported: return "supported";
+    case Support::kNoEffect: return "accepted, no effect";
+    case Support::kNotYet: return "not yet (only the default)";
+  }
+  return "";
+}
+
+const char* kIntro = R"(# Config reference
+
+<!-- Generated from the key tables in src/config/schema.cpp by render_config_reference().
+     Do not edit by hand: run `LT_UPDATE_DOCS=1 build/tests/config/test_config "[docs]"`. -->
+
+lora-train reads ostris AI Toolkit's YAML job files unchanged: the same sections, key names and
+defaults. This page lists every key lora-train knows, generated from the tables the parser itself
+uses.
+
+```yaml
+job: extension
+config:
+  name: my_lora                 # the run folder: <training_folder>/my_lora/
+  process:
+    - type: sd_trainer
+      training_folder: output
+      device: cuda:0
+      network: {type: lora, linear: 16, linear_alpha: 16}
+      save: {dtype: float16, save_every: 250}
+      datasets:
+        - folder_path: /data/my_images
+          resolution: [512, 768]
+      train: {batch_size: 1, steps: 2000, lr: 1e-4, optimizer: adamw8bit, dtype: bf16}
+      model: {name_or_path: /models/sd15.safetensors}
+      sample: {sampler: ddpm, sample_every: 250, prompts: ["a photo of [trigger]"]}
+      memory: {vram_limit: 22GiB, oom_guard: {enabled: true}}   # lora-train's own section
+meta:
+  name: "[name]"
+```
+
+## How values are read
+
+- **Substitution.** `[name]` in any string becomes `config.name`. `${VAR}` becomes the environment
+  variable `VAR`; an unset variable is an error pointing at it.
+- **Overrides.** `lora-train run config.yaml --set train.batch_size=2 --set datasets.0.resolution=[512]`
+  sets any key inside the process. Values are YAML (scalars or flow lists) and are checked exactly
+  like values in the file; an error names the override (`--set train.batch_size=abc: expected an
+  integer, got 'abc'`). List items are addressed by index (`datasets.0`, `sample.samples.1`).
+- **Errors.** Every problem is one line `config.yaml:LINE:COL: message` and exit code 2: YAML
+  syntax, unknown keys (with the closest valid key), wrong types, values out of range or not
+  allowed (with the allowed list), missing required keys, missing or empty dataset folders (checked
+  when a run starts), and AI Toolkit keys lora-train does not support yet.
+- **Status column.** *supported*: read and honoured. *accepted, no effect*: accepted for AI Toolkit
+  compatibility, the reason is given. *not yet (only the default)*: an AI Toolkit key lora-train does
+  not support yet; it is accepted only at its default value (so files written by AI Toolkit's UI
+  load) and reported as `key 'X' is an AI Toolkit setting that lora-train does not support yet`
+  otherwise. *lora-train*: a key of ours, not in AI Toolkit.
+- **Memory lever.** "yes" marks keys that change peak memory; the OOM guard and `lora-train
+  diagnose` change these (see the OOM guide and OOM_PLAYBOOK.md for the order).
+- **Effective config.** At run start the config with every default filled in is written to
+  `<training_folder>/<name>/config.yaml`; it loads back to the same config.
+)";
+
+}  // namespace
+
+std::string render_config_reference() {
+  std::ostringstream out;
+  out << kIntro;
+
+  out << "\n## Memory levers at a glance\n\n";
+  for (const auto& k : all_keys())
+    if (k.memory_lever) out << "- `" << k.path << "`: " << cell(k.doc) << "\n";
+
+  // One table per section, sections in order of first appearance.
+  std::vector<std::string> sections;
+  for (const auto& k : all_keys())
+    if (std::find(sections.begin(), sections.end(), k.section) == sections.end()) sections.push_back(k.section);
+  for (const auto& section : sections) {
+    std::string title = section == "process" ? "Process keys (`config.process[0]`)" : "`" + section + "`";
+    if (section == "(top level)") title = "Top level";
+    out << "\n## " << title << "\n\n";
+    std::string parent_path = section;
+    if (ends_with(parent_path, "[]")) parent_path.resize(parent_path.size() - 2);
+    for (const auto& parent : all_keys())
+      if (parent.path == parent_path && !parent.doc.empty()) out << cell(parent.doc) << "\n\n";
+    out << "| key | type | default | allowed | memory lever | status | meaning |\n";
+    out << "|---|---|---|---|---|---|---|\n";
+    for (const auto& k : all_keys()) {
+      if (k.section != section) continue;
+      std::string allowed = k.allowed;
+      if (!k.not_yet_values.empty())
+        allowed += (allowed.empty() ? "" : "; ") + std::string("not yet: ") + k.not_yet_values;
+      const size_t dot = k.path.rfind('.');
+      const std::string name =
+          dot == std::string::npos || section == "(top level)" ? k.path : k.path.substr(dot + 1);
+      out << "| `" << cell(name) << "` | " << cell(k.type) << " | " << code(k.default_value) << " | "
+          << cell(allowed) << " | " << (k.memory_lever ? "yes" : "") << " | " << status(k) << " | " << cell(k.doc)
+          << " |\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace lt::config
