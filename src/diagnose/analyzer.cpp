@@ -499,10 +499,11 @@ namespace {
 
 using State = LogAnalyzer::State;
 
+// Raw text, capped; made valid UTF-8 only when it is reported (this runs for every progress line).
 void set_marker(Marker& m, int64_t seq, int64_t line, std::string_view text) {
   m.seq = seq;
   m.line = line;
-  m.text = snippet(text);
+  m.text.assign(text.data(), std::min<size_t>(text.size(), 400));
 }
 
 // Parses the value after a settings key at `end` (position right after the key, in `low`).
@@ -1025,6 +1026,13 @@ void LogAnalyzer::feed(const LogLine& line) {
   std::string_view lowv = low;
   const Matcher& m = matcher();
 
+  // Fast path for the bulk of big logs: an overwritten tqdm redraw. Only its progress (and a NaN
+  // loss in its postfix) matters; the last redraw of a line goes through the full path.
+  if (line.redraw && !st.in_traceback && lowv.find("%|") != std::string_view::npos && lowv.size() < 400) {
+    handle_bar(st, lowv, text, line.number);
+    return;
+  }
+
   // Collect hits (bounded per line).
   struct Hit {
     uint16_t id;
@@ -1466,7 +1474,7 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
   }
   if (decisive) {
     const Marker& m = decisive->last_fatal.seq >= 0 ? decisive->last_fatal : decisive->last;
-    d.error_line = m.text;
+    d.error_line = snippet(m.text);
   }
 
   // --- memory numbers ---
@@ -1600,8 +1608,8 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
   auto add_ev = [&](const Marker& m, const std::string& why) {
     if (m.seq < 0 || m.text.empty()) return;
     for (const Evidence& e : d.evidence)
-      if (e.line == m.line && e.text == m.text) return;
-    if (d.evidence.size() < 10) d.evidence.push_back({m.line, m.text, why});
+      if (e.line == m.line && e.text == snippet(m.text)) return;
+    if (d.evidence.size() < 10) d.evidence.push_back({m.line, snippet(m.text), why});
   };
   if (decisive) {
     std::string what = cause_name(d.cause);

@@ -72,7 +72,12 @@ std::unique_ptr<ByteSource> string_source(std::string bytes) {
 
 std::string clean_line(std::string_view raw) {
   std::string out;
-  out.reserve(raw.size());
+  clean_line_into(raw, out);
+  return out;
+}
+
+void clean_line_into(std::string_view raw, std::string& out) {
+  out.clear();
   const size_t n = raw.size();
   for (size_t i = 0; i < n; ++i) {
     unsigned char c = static_cast<unsigned char>(raw[i]);
@@ -97,7 +102,7 @@ std::string clean_line(std::string_view raw) {
       // Orphan SGR ("[0m", "[1;32m") from a paste that lost ESC; only digits and ';' inside.
       size_t j = i + 1;
       while (j < n && j - i <= 12 && (std::isdigit(static_cast<unsigned char>(raw[j])) || raw[j] == ';')) ++j;
-      if (j < n && raw[j] == 'm' && j > i + 1) {
+      if (j < n && raw[j] == 'm' && j > i + 1 && !(j + 1 < n && raw[j + 1] == ']')) {
         // "←[32m" (Windows consoles show ESC as an arrow) leaves the arrow behind; drop it too.
         if (out.size() >= 3 && out.compare(out.size() - 3, 3, "\xE2\x86\x90") == 0) out.resize(out.size() - 3);
         i = j;
@@ -113,7 +118,6 @@ std::string clean_line(std::string_view raw) {
     }
   }
   while (!out.empty() && out.back() == ' ') out.pop_back();
-  return out;
 }
 
 std::string to_valid_utf8(std::string_view text) {
@@ -175,7 +179,7 @@ bool LineReader::refill() {
 }
 
 bool LineReader::emit(LogLine& out, bool redraw, int64_t number) {
-  cleaned_ = clean_line(pending_);
+  clean_line_into(pending_, cleaned_);
   pending_.clear();
   if (cleaned_.empty()) return false;
   out.text = cleaned_;

@@ -60,6 +60,7 @@ class LineReader {
 // left when a paste lost the ESC byte, turns tabs into spaces, drops other C0 controls and DEL,
 // and trims trailing blanks. Bytes >= 0x80 are kept as they are (see to_valid_utf8).
 std::string clean_line(std::string_view raw);
+void clean_line_into(std::string_view raw, std::string& out);  // reuses out's capacity
 
 // Replaces invalid UTF-8 sequences with U+FFFD so text can go into JSON.
 std::string to_valid_utf8(std::string_view text);
