@@ -87,6 +87,12 @@ const Table<SaveConfig>& save_table() {
     Table<S> t;
     t.push_back(field("dtype", &S::dtype, "Precision of the saved adapter weights (does not change training memory).")
                     .one_of(kDtypes));
+    t.push_back(input_only<S>("save_dtype", "string", "null", "Older AI Toolkit spelling of `dtype`.",
+                              [](S& s, const Val& v, Ctx& c, const Rules&) {
+                                Rules r;
+                                r.one_of = kDtypes;
+                                read_value(s.dtype, v, c, r);
+                              }));
     t.push_back(field("save_every", &S::save_every, "Save a checkpoint every this many steps.").min(1));
     t.push_back(field("max_step_saves_to_keep", &S::max_step_saves_to_keep,
                       "Keep this many step checkpoints; older ones are deleted.")

@@ -16,9 +16,12 @@ namespace lt::config::detail {
 
 namespace {
 
+// A value quoted inside a one-line message: newlines shown as \n, long values shortened.
 std::string quote(const std::string& s) {
   constexpr size_t kMax = 60;
-  return "'" + (s.size() > kMax ? s.substr(0, kMax) + "..." : s) + "'";
+  std::string shown;
+  for (char ch : s.size() > kMax ? s.substr(0, kMax) : s) shown += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+  return "'" + shown + (s.size() > kMax ? "...'" : "'");
 }
 
 std::string got(const YAML::Node& n, const std::string& text) {
@@ -29,7 +32,11 @@ std::string got(const YAML::Node& n, const std::string& text) {
 }
 
 bool parse_int64(const std::string& text, int64_t& out) {
-  std::string s = text;
+  std::string s;
+  // YAML 1.1 (PyYAML, so AI Toolkit) reads 1_000 as 1000.
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!(text[i] == '_' && i > 0 && i + 1 < text.size() && std::isdigit(static_cast<unsigned char>(text[i - 1]))))
+      s += text[i];
   if (!s.empty() && s[0] == '+') s = s.substr(1);
   if (s.empty()) return false;
   const char* end = s.data() + s.size();
@@ -422,7 +429,17 @@ std::string not_yet_message(const std::string& path, const std::string& default_
                                    const YAML::Mark& mark, const std::string& path,
                                    const std::string& section_name, const Ctx& c) {
   std::string msg = "unknown key '" + name + "' in " + (section_name.empty() ? "the process" : section_name);
-  if (auto near = closest_match(name, candidates)) msg += " (did you mean '" + *near + "'?)";
+  // The common YAML slip is indentation: a key that exists, but in another section.
+  std::vector<std::string> sections;
+  for (const auto& k : all_keys())
+    if (k.name == name && k.section != "(top level)" && k.support != Support::kNotYet)
+      sections.push_back(k.section == "process" ? "the process" : k.section);
+  std::string elsewhere;
+  for (size_t i = 0; i < sections.size(); ++i)
+    elsewhere += (i == 0 ? "" : i + 1 == sections.size() ? " or " : ", ") + sections[i];
+  if (name == "<<") msg += " (YAML merge keys are not supported; write the keys out)";
+  else if (!elsewhere.empty()) msg += " ('" + name + "' belongs in " + elsewhere + "; check the indentation)";
+  else if (auto near = closest_match(name, candidates)) msg += " (did you mean '" + *near + "'?)";
   // The message names the key; point at it without repeating the path.
   const SourceLocation at = c.where(mark);
   throw lt::ConfigError(at.file, at.line, at.column, msg);

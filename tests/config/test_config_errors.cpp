@@ -117,3 +117,44 @@ CATCH_TEST_CASE("file-level problems are config errors too", "[config][errors]")
     CATCH_CHECK(e.bare_message().find("expected a mapping with job:") != std::string::npos);
   }
 }
+
+CATCH_TEST_CASE("random damage to a config only ever yields a ConfigError", "[config][errors]") {
+  std::ifstream in(lt::test::source_dir() / "configs" / "flux-lora-24gb.yaml");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  const std::string original = buf.str();
+  // A fixed linear congruential sequence: the same edits on every run.
+  uint64_t state = 12345;
+  auto next = [&](uint64_t n) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (state >> 33) % n;
+  };
+  const std::string inserts[] = {":", "- ", "[", "]", "{", "\t", "\"", "'", "#", "&a", "*a", "? ", "\n", "  ", "!!int ",
+                                 "${X", "0x1F", "-1", "1e400", "null", "~", "<<: "};
+  int errors = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string text = original;
+    for (int edits = 1 + static_cast<int>(next(3)); edits > 0; --edits) {
+      const size_t pos = next(text.size());
+      switch (next(3)) {
+        case 0: text.erase(pos, 1 + next(8)); break;
+        case 1: text.insert(pos, inserts[next(sizeof(inserts) / sizeof(inserts[0]))]); break;
+        default: {
+          const size_t line_start = text.rfind('\n', pos);
+          const size_t line_end = text.find('\n', pos);
+          if (line_start != std::string::npos && line_end != std::string::npos)
+            text.insert(line_end, text.substr(line_start, line_end - line_start));
+        }
+      }
+    }
+    try {
+      parse_config_text(text, "damaged.yaml");
+    } catch (const lt::ConfigError& e) {
+      ++errors;
+      CATCH_CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    } catch (const std::exception& e) {
+      CATCH_FAIL("edit " << i << " escaped as a non-config exception: " << e.what() << "\n" << text);
+    }
+  }
+  CATCH_CHECK(errors > 100);  // most damage is detected, the rest still parses to a valid config
+}

@@ -116,6 +116,13 @@ CASES = {
     'list_item_not_mapping': ('        - folder_path: /data/images\n          caption_ext: txt\n'
                               '          resolution: [512, 768]\n', '        - /data/images\n', '- @/data/images',
                               'expected a mapping of keys (one item of datasets)'),
+    'misplaced_key': ('          caption_ext: txt\n          resolution: [512, 768]\n',
+                      '      caption_ext: txt\n      resolution: [512, 768]\n', '@caption_ext: txt',
+                      "unknown key 'caption_ext' in the process ('caption_ext' belongs in datasets[]; "
+                      "check the indentation)"),
+    'misplaced_ambiguous_key': ('      device: cpu\n', '      device: cpu\n      dtype: bf16\n', '@dtype: bf16\n      network',
+                                "('dtype' belongs in save, train or model; check the indentation)"),
+    'old_int_spelling_ok_but_bad': ('steps: 500', 'steps: 5_0_0x', 'steps: @5_0_0x', "expected an integer, got '5_0_0x'"),
 }
 
 HEADER_LINES = 1
