@@ -1,0 +1,237 @@
+#include "loratrain/data/dataset.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
+
+namespace lt::data {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& dataset_image_extensions() {
+  static const std::vector<std::string> exts = {".jpg", ".jpeg", ".png", ".webp", ".bmp"};
+  return exts;
+}
+
+namespace {
+
+bool is_image_ext(const fs::path& p) {
+  const std::string ext = to_lower(p.extension().string());
+  const auto& exts = dataset_image_extensions();
+  return std::find(exts.begin(), exts.end(), ext) != exts.end();
+}
+
+// Folders AI Toolkit keeps beside the images: control images and its caches.
+bool is_skipped_dir(const std::string& name) {
+  return name == "_controls" || name == "_latent_cache" || name == "_t_e_cache";
+}
+
+std::string list_some(const std::vector<std::string>& items, size_t max_items = 10) {
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < max_items; ++i) {
+    if (i) out += ", ";
+    out += items[i];
+  }
+  if (items.size() > max_items) out += ", ... (" + std::to_string(items.size() - max_items) + " more)";
+  return out;
+}
+
+}  // namespace
+
+Dataset::Dataset(DatasetOptions options) : options_(std::move(options)) {
+  if (options_.caption_ext.empty()) options_.caption_ext = ".txt";
+  if (options_.caption_ext[0] != '.') options_.caption_ext = "." + options_.caption_ext;
+  auto rate_ok = [](double r) { return r >= 0.0 && r <= 1.0; };
+  if (!rate_ok(options_.caption_dropout_rate))
+    throw InputError("caption_dropout_rate must be between 0 and 1, got " +
+                     std::to_string(options_.caption_dropout_rate));
+  if (!rate_ok(options_.token_dropout_rate))
+    throw InputError("token_dropout_rate must be between 0 and 1, got " +
+                     std::to_string(options_.token_dropout_rate));
+  if (options_.keep_tokens < 0)
+    throw InputError("keep_tokens must not be negative, got " + std::to_string(options_.keep_tokens));
+  if (options_.num_repeats < 1)
+    throw InputError("num_repeats must be at least 1, got " + std::to_string(options_.num_repeats));
+  scan();
+}
+
+void Dataset::warn(const std::string& message) {
+  spdlog::warn("{}", message);
+  warnings_.push_back(message);
+}
+
+void Dataset::scan() {
+  const fs::path& root = options_.folder_path;
+  std::error_code ec;
+  if (root.empty()) throw InputError("dataset: no folder_path given");
+  if (!fs::exists(root, ec)) throw InputError("dataset folder not found: " + root.string());
+  if (!fs::is_directory(root, ec))
+    throw InputError("dataset folder_path is not a folder: " + root.string());
+
+  std::vector<fs::path> image_files;
+  std::vector<fs::path> caption_files;
+  const std::string caption_ext = to_lower(options_.caption_ext);
+  fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
+  if (ec) throw InputError("dataset folder cannot be read: " + root.string() + ": " + ec.message());
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) {
+      warn("dataset: cannot list part of " + root.string() + ": " + ec.message());
+      ec.clear();
+      continue;
+    }
+    const fs::directory_entry& entry = *it;
+    const std::string name = entry.path().filename().string();
+    std::error_code dec;
+    const bool is_dir = entry.is_directory(dec);
+    if (!name.empty() && name[0] == '.') {
+      if (is_dir) it.disable_recursion_pending();
+      continue;
+    }
+    if (is_dir) {
+      if (is_skipped_dir(name)) it.disable_recursion_pending();
+      continue;
+    }
+    // Broken links and special files are kept as candidates so reading them reports why.
+    if (is_image_ext(entry.path())) {
+      image_files.push_back(entry.path());
+    } else if (to_lower(entry.path().extension().string()) == caption_ext) {
+      caption_files.push_back(entry.path());
+    }
+  }
+  std::sort(image_files.begin(), image_files.end());
+  std::sort(caption_files.begin(), caption_files.end());
+
+  std::vector<std::string> skipped;
+  std::set<fs::path> image_stems;
+  for (const fs::path& path : image_files) {
+    image_stems.insert(fs::path(path).replace_extension());
+    ImageRecord rec;
+    rec.path = path;
+    try {
+      const std::string bytes = io::read_file_bytes(path);
+      rec.content_hash = Fnv64().update(bytes).hex();
+      if (options_.verify_images) {
+        io::Image image = io::decode_image(bytes, path.string());
+        rec.width = image.width;
+        rec.height = image.height;
+      } else {
+        io::ImageSize size = io::probe_image_size(bytes, path.string());
+        rec.width = size.width;
+        rec.height = size.height;
+      }
+    } catch (const InputError& e) {
+      warn(std::string("skipping image ") + e.what());
+      skipped.push_back(e.what());
+      continue;
+    }
+
+    fs::path caption_path = fs::path(path).replace_extension(options_.caption_ext);
+    if (fs::exists(caption_path, ec) && !fs::is_directory(caption_path, ec)) {
+      try {
+        rec.raw_caption = trim(io::read_file_bytes(caption_path));
+        rec.has_caption_file = true;
+      } catch (const InputError& e) {
+        warn(std::string("caption not used: ") + e.what());
+      }
+    }
+    if (rec.raw_caption.empty() && options_.default_caption) rec.raw_caption = *options_.default_caption;
+    images_.push_back(std::move(rec));
+  }
+
+  std::vector<std::string> orphans;
+  for (const fs::path& c : caption_files)
+    if (!image_stems.count(fs::path(c).replace_extension()))
+      orphans.push_back(fs::relative(c, root, ec).string());
+  if (!orphans.empty() && !(image_files.empty() && images_.empty())) {
+    warn(std::to_string(orphans.size()) + " caption file" + (orphans.size() == 1 ? "" : "s") +
+         " in " + root.string() + " ha" + (orphans.size() == 1 ? "s" : "ve") +
+         " no matching image and " + (orphans.size() == 1 ? "is" : "are") +
+         " ignored: " + list_some(orphans));
+  }
+
+  if (images_.empty()) {
+    std::string exts;
+    for (const auto& e : dataset_image_extensions()) exts += (exts.empty() ? "" : ", ") + e;
+    if (image_files.empty()) {
+      std::string msg = "dataset folder " + root.string() + " contains no images (looked for " +
+                        exts + ")";
+      if (!orphans.empty())
+        msg += "; it has " + std::to_string(orphans.size()) + " caption file" +
+               (orphans.size() == 1 ? "" : "s") + " without images: " + list_some(orphans, 5);
+      throw InputError(msg);
+    }
+    throw InputError("dataset folder " + root.string() + " has no usable images: all " +
+                     std::to_string(image_files.size()) + " image file" +
+                     (image_files.size() == 1 ? " was" : "s were") +
+                     " skipped: " + list_some(skipped, 5));
+  }
+  spdlog::info("Dataset {}: {} images{}", root.string(), images_.size(),
+               skipped.empty() ? std::string() : fmt::format(" ({} skipped)", skipped.size()));
+}
+
+std::vector<ImageShape> Dataset::shapes() const {
+  std::vector<ImageShape> out;
+  out.reserve(images_.size());
+  for (const ImageRecord& r : images_) out.push_back({r.width, r.height, r.path.string()});
+  return out;
+}
+
+BucketPlan Dataset::make_plan(const BucketOptions& options) const {
+  return BucketPlan::build(shapes(), options, options_.num_repeats, options_.flip_x);
+}
+
+CaptionOptions Dataset::caption_options() const {
+  CaptionOptions c;
+  c.trigger_word = options_.trigger_word;
+  c.caption_dropout_rate = options_.caption_dropout_rate;
+  c.token_dropout_rate = options_.token_dropout_rate;
+  c.shuffle_tokens = options_.shuffle_tokens;
+  c.keep_tokens = options_.keep_tokens;
+  return c;
+}
+
+std::string Dataset::caption(size_t index, Rng& rng) const {
+  return process_caption(images_.at(index).raw_caption, caption_options(), rng);
+}
+
+std::optional<std::vector<std::string>> Dataset::fixed_captions() const {
+  CaptionOptions c = caption_options();
+  if (c.shuffle_tokens || c.token_dropout_rate > 0.0) return std::nullopt;
+  const double dropout = c.caption_dropout_rate;
+  c.caption_dropout_rate = 0.0;
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  Rng unused(0);
+  for (const ImageRecord& r : images_) {
+    std::string cap = process_caption(r.raw_caption, c, unused);
+    if (seen.insert(cap).second) out.push_back(std::move(cap));
+  }
+  if (dropout > 0.0 && seen.insert("").second) out.emplace_back();
+  return out;
+}
+
+io::Image Dataset::load_image(size_t index, const Placement& p, bool flip_x) const {
+  const ImageRecord& rec = images_.at(index);
+  io::Image image = io::read_image(rec.path);
+  if (image.width != p.scale_to_width || image.height != p.scale_to_height)
+    image = io::resize(image, p.scale_to_width, p.scale_to_height, io::ResizeFilter::Bicubic);
+  // AI Toolkit mirrors before cropping, so an odd excess is cut on the same side of the content.
+  if (flip_x) image = io::flip_horizontal(image);
+  if (p.crop_x + p.crop_width > image.width || p.crop_y + p.crop_height > image.height)
+    throw Error(ExitCode::kRuntime, rec.path.string() + ": crop rectangle outside the resized image");
+  if (p.crop_x != 0 || p.crop_y != 0 || p.crop_width != image.width || p.crop_height != image.height)
+    image = io::crop(image, p.crop_x, p.crop_y, p.crop_width, p.crop_height);
+  return image;
+}
+
+at::Tensor Dataset::load_tensor(size_t index, const Placement& p, bool flip_x) const {
+  return io::image_to_tensor(load_image(index, p, flip_x));
+}
+
+}  // namespace lt::data
