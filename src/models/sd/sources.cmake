@@ -2,6 +2,10 @@
 # gradient checkpointing and the LDM single-file key maps.
 list(APPEND LT_MODELS_SOURCES
   checkpointing.cpp
+  key_maps.cpp
   sd/blocks.cpp
   sd/transformer.cpp
+  sd/unet.cpp
+  sd/vae.cpp
+  sd/load.cpp
 )

@@ -1,0 +1,268 @@
+// SD UNet / VAE structure, configs, attention chunking and gradient checkpointing on tiny configs.
+// Numerical parity with diffusers is test_parity's job; these check the properties around it.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "loratrain/models/attention.h"
+#include "loratrain/models/checkpointing.h"
+#include "loratrain/models/sd/load.h"
+#include "loratrain/util/error.h"
+#include "test_paths.h"
+
+using namespace lt::models;
+using namespace lt::models::sd;
+
+namespace {
+
+nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+const std::filesystem::path kUnetCase = lt::test::fixtures_dir() / "parity" / "sd15_unet";
+const std::filesystem::path kVaeCase = lt::test::fixtures_dir() / "parity" / "vae";
+
+std::set<std::string> file_keys(const lt::io::SafetensorsFile& f) {
+  std::set<std::string> keys;
+  for (const auto& t : f.tensors()) keys.insert(t.name);
+  return keys;
+}
+
+std::set<std::string> module_keys(torch::nn::Module& m) {
+  std::set<std::string> keys;
+  for (const auto& [k, t] : module_tensors(m)) keys.insert(k);
+  return keys;
+}
+
+UNet2DConditionModel fixture_unet() {
+  UNet2DConditionModel unet(UNetConfig::from_json(read_json(kUnetCase / "config.json")));
+  load_unet(*unet, *lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors"));
+  return unet;
+}
+
+// A LoRA-like adapter owning its own parameters outside the module tree.
+class TestAdapter : public Adapter {
+ public:
+  TestAdapter(int64_t in, int64_t out) {
+    down = torch::randn({4, in}) * 0.1;
+    up = torch::randn({out, 4}) * 0.1;
+    down.set_requires_grad(true);
+    up.set_requires_grad(true);
+  }
+  torch::Tensor delta(const torch::Tensor& x) override { return torch::matmul(torch::matmul(x, down.t()), up.t()); }
+  torch::Tensor down, up;
+};
+
+}  // namespace
+
+CATCH_TEST_CASE("UNet and VAE module keys equal the diffusers state-dict keys", "[unet][vae]") {
+  UNet2DConditionModel unet(UNetConfig::from_json(read_json(kUnetCase / "config.json")));
+  CATCH_CHECK(module_keys(*unet) == file_keys(*lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors")));
+  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
+  CATCH_CHECK(module_keys(*vae) == file_keys(*lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors")));
+}
+
+CATCH_TEST_CASE("UNet config: JSON fields, rejection of unsupported features, detection from weights", "[unet][config]") {
+  const auto j = read_json(kUnetCase / "config.json");
+  const UNetConfig c = UNetConfig::from_json(j);
+  CATCH_CHECK(c.block_out_channels == std::vector<int64_t>{16, 24});
+  CATCH_CHECK(c.attention_head_dim == std::vector<int64_t>{4, 4});
+  CATCH_CHECK(c.layers_per_block == std::vector<int64_t>{2, 2});
+  CATCH_CHECK(c.cross_attention_dim == std::vector<int64_t>{32, 32});
+  CATCH_CHECK(c.norm_num_groups == 8);
+  CATCH_CHECK(UNetConfig::from_json(c.to_json()).to_json() == c.to_json());
+
+  auto bad = j;
+  bad["class_embed_type"] = "timestep";
+  CATCH_CHECK_THROWS_WITH(UNetConfig::from_json(bad), Catch::Contains("class_embed_type"));
+  bad = j;
+  bad["attention_head_dim"] = std::vector<int>{4, 4, 4};
+  CATCH_CHECK_THROWS_WITH(UNetConfig::from_json(bad), Catch::Contains("attention_head_dim"));
+  bad = j;
+  bad["down_block_types"] = {"CrossAttnDownBlock2D", "SimpleCrossAttnDownBlock2D"};
+  CATCH_CHECK_THROWS_WITH(UNetConfig::from_json(bad), Catch::Contains("SimpleCrossAttnDownBlock2D"));
+
+  for (const auto& [file, prefix] : std::vector<std::pair<std::string, std::string>>{
+           {"weights.safetensors", ""}, {"weights_ldm.safetensors", "model.diffusion_model."}}) {
+    CATCH_INFO(file);
+    UNetConfig d = UNetConfig::detect_from_weights(*lt::io::SafetensorsFile::open(kUnetCase / file), prefix);
+    // Head counts are not stored in weights; everything else must be read back exactly.
+    d.attention_head_dim = c.attention_head_dim;
+    d.norm_num_groups = c.norm_num_groups;
+    d.sample_size = c.sample_size;
+    CATCH_CHECK(d.to_json() == c.to_json());
+  }
+  // The full SD1.5 layout round-trips through detection (random weights, real names and shapes).
+  UNet2DConditionModel sd15(UNetConfig::sd15());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : sd15->named_parameters()) tensors.emplace_back(p.key(), torch::zeros({1}).expand(p.value().sizes()));
+  CATCH_CHECK(sd15->named_parameters().size() == 686);
+}
+
+CATCH_TEST_CASE("UNet LDM single file loads the same tensors as the diffusers file", "[unet][loader]") {
+  const UNetConfig c = UNetConfig::from_json(read_json(kUnetCase / "config.json"));
+  UNet2DConditionModel a(c), b(c);
+  auto ldm = lt::io::SafetensorsFile::open(kUnetCase / "weights_ldm.safetensors");
+  CATCH_CHECK(detect_unet_layout(*ldm) == WeightLayout::kLdm);
+  CATCH_CHECK(load_unet(*a, *lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors")) == 304);
+  CATCH_CHECK(load_unet(*b, *ldm) == 304);
+  auto ta = module_tensors(*a), tb = module_tensors(*b);
+  for (const auto& [k, t] : ta) CATCH_CHECK(torch::equal(t, tb.at(k)));
+}
+
+CATCH_TEST_CASE("UNet handles scalar timesteps and sizes that are not multiples of the up factor", "[unet]") {
+  torch::NoGradGuard no_grad;
+  auto unet = fixture_unet();
+  torch::manual_seed(0);
+  at::Tensor ctx = torch::randn({2, 5, 32});
+  at::Tensor odd = torch::randn({2, 4, 9, 7});
+  CATCH_CHECK(unet->forward(odd, torch::tensor(10), ctx).sizes() == odd.sizes());
+  at::Tensor x = torch::randn({2, 4, 8, 8});
+  at::Tensor a = unet->forward(x, torch::tensor(300), ctx);
+  at::Tensor b = unet->forward(x, torch::tensor({300, 300}), ctx);
+  CATCH_CHECK(torch::allclose(a, b, 0, 0));
+}
+
+CATCH_TEST_CASE("chunked (memory-efficient) attention equals plain attention in the UNet and VAE", "[unet][vae][attention]") {
+  torch::NoGradGuard no_grad;
+  auto unet = fixture_unet();
+  torch::manual_seed(1);
+  at::Tensor x = torch::randn({1, 4, 8, 8}), ctx = torch::randn({1, 7, 32}), t = torch::tensor({42});
+  unet->set_attention_query_chunk(0);
+  at::Tensor plain = unet->forward(x, t, ctx);
+  unet->set_attention_query_chunk(5);  // 64 and 16 query rows in uneven chunks
+  at::Tensor chunked = unet->forward(x, t, ctx);
+  CATCH_CHECK((plain - chunked).abs().max().item<double>() <= 1e-6);
+
+  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
+  load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));
+  at::Tensor img = torch::rand({1, 3, 32, 32}) * 2 - 1;
+  vae->set_attention_query_chunk(0);
+  at::Tensor m0 = vae->encode(img).mean;
+  vae->set_attention_query_chunk(7);
+  at::Tensor m1 = vae->encode(img).mean;
+  CATCH_CHECK((m0 - m1).abs().max().item<double>() <= 1e-6);
+}
+
+CATCH_TEST_CASE("gradient checkpointing gives the same gradients for inputs, weights and adapters", "[unet][checkpointing]") {
+  auto unet = fixture_unet();
+  unet->train();
+  auto* to_q = unet->down_blocks[0]->as<UNetDownBlockImpl>()->attentions[0]->as<Transformer2DModelImpl>()
+                   ->transformer_blocks[0]->as<BasicTransformerBlockImpl>()->attn1->to_q.get();
+  auto* conv1 = unet->up_blocks[1]->as<UNetUpBlockImpl>()->resnets[2]->as<ResnetBlock2DImpl>()->conv1.get();
+  auto adapter = std::make_shared<TestAdapter>(16, 16);
+  to_q->adapter = adapter;
+  torch::manual_seed(2);
+  at::Tensor x = torch::randn({2, 4, 8, 8}), ctx = torch::randn({2, 7, 32}), t = torch::tensor({10, 500});
+
+  struct Grads {
+    at::Tensor x, ctx, adapter_up, adapter_down;
+    std::map<std::string, at::Tensor> params;
+  };
+  auto run = [&](bool checkpointing, bool frozen) {
+    unet->set_gradient_checkpointing(checkpointing);
+    unet->zero_grad();
+    for (auto& p : unet->parameters()) p.set_requires_grad(!frozen);
+    adapter->up.mutable_grad() = at::Tensor();
+    adapter->down.mutable_grad() = at::Tensor();
+    Grads g;
+    at::Tensor xi = x.clone().set_requires_grad(!frozen), ci = ctx.clone().set_requires_grad(!frozen);
+    at::Tensor out = unet->forward(xi, t, ci);
+    (out * out).mean().backward();
+    if (!frozen) {
+      g.x = xi.grad().clone();
+      g.ctx = ci.grad().clone();
+      for (const auto& p : unet->named_parameters()) g.params[p.key()] = p.value().grad().clone();
+    }
+    g.adapter_up = adapter->up.grad().clone();
+    g.adapter_down = adapter->down.grad().clone();
+    return g;
+  };
+  for (bool frozen : {false, true}) {
+    CATCH_INFO("frozen base, only the adapter trains: " << frozen);
+    Grads off = run(false, frozen), on = run(true, frozen);
+    CATCH_CHECK(off.adapter_up.abs().sum().item<double>() > 0);
+    CATCH_CHECK((off.adapter_up - on.adapter_up).abs().max().item<double>() <= 1e-6);
+    CATCH_CHECK((off.adapter_down - on.adapter_down).abs().max().item<double>() <= 1e-6);
+    if (!frozen) {
+      CATCH_CHECK((off.x - on.x).abs().max().item<double>() <= 1e-6);
+      CATCH_CHECK((off.ctx - on.ctx).abs().max().item<double>() <= 1e-6);
+      CATCH_REQUIRE(off.params.size() == on.params.size());
+      double worst = 0;
+      for (const auto& [k, gk] : off.params) worst = std::max(worst, (gk - on.params.at(k)).abs().max().item<double>());
+      CATCH_CHECK(worst <= 1e-6);
+      CATCH_CHECK(off.params.at("up_blocks.1.resnets.2.conv1.weight").abs().sum().item<double>() > 0);
+    }
+  }
+  (void)conv1;
+  to_q->adapter.reset();
+  unet->set_gradient_checkpointing(false);
+}
+
+CATCH_TEST_CASE("checkpointing replays the forward's dropout mask in the recomputation", "[checkpointing]") {
+  ResnetBlock2DOptions o;
+  o.in_channels = 8;
+  o.out_channels = 16;
+  o.temb_channels = 12;
+  o.groups = 4;
+  o.dropout = 0.5;
+  ResnetBlock2D block(o);
+  block->train();
+  at::Tensor x = torch::randn({2, 8, 6, 6}), temb = torch::randn({2, 12});
+  auto grads = [&](bool on) {
+    block->gradient_checkpointing = on;
+    block->zero_grad();
+    at::Tensor xi = x.clone().set_requires_grad(true);
+    torch::manual_seed(7);
+    block->forward(xi, temb).pow(2).sum().backward();
+    return std::make_pair(xi.grad().clone(), block->conv1->weight.grad().clone());
+  };
+  auto [x_off, w_off] = grads(false);
+  auto [x_on, w_on] = grads(true);
+  CATCH_CHECK((x_off - x_on).abs().max().item<double>() <= 1e-6);
+  CATCH_CHECK((w_off - w_on).abs().max().item<double>() <= 1e-6);
+  // Outside grad mode the block runs directly (no autograd node).
+  torch::NoGradGuard no_grad;
+  block->gradient_checkpointing = true;
+  CATCH_CHECK(!block->forward(x, temb).requires_grad());
+}
+
+CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
+  torch::NoGradGuard no_grad;
+  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
+  load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));
+  vae->eval();
+  torch::manual_seed(3);
+  at::Tensor img = torch::rand({2, 3, 32, 32}) * 2 - 1;
+  DiagonalGaussian d = vae->encode(img);
+  CATCH_CHECK(d.mean.sizes() == std::vector<int64_t>{2, 4, 16, 16});
+  auto g1 = at::make_generator<at::CPUGeneratorImpl>(11), g2 = at::make_generator<at::CPUGeneratorImpl>(11);
+  CATCH_CHECK(torch::equal(d.sample(g1), d.sample(g2)));
+  at::Tensor z = d.sample(g1);
+  CATCH_CHECK(torch::allclose(vae->unscale_latents(vae->scale_latents(z)), z, 1e-5, 1e-6));
+  CATCH_CHECK(torch::allclose(vae->scale_latents(z), z * 0.18215));
+
+  vae->use_slicing = true;
+  at::Tensor sliced = vae->decode(z);
+  DiagonalGaussian ds = vae->encode(img);
+  vae->use_slicing = false;
+  at::Tensor plain = vae->decode(z);
+  CATCH_CHECK((sliced - plain).abs().max().item<double>() <= 1e-5);
+  CATCH_CHECK((ds.mean - d.mean).abs().max().item<double>() <= 1e-5);
+
+  // Tiles larger than the latent: identical to plain decoding.
+  vae->use_tiling = true;
+  CATCH_CHECK(torch::equal(vae->decode(z), plain));
+  // 8x8 latent tiles with 2-row overlap over a 16x16 latent: same image size, seams blended.
+  vae->tile_sample_min_size = 16;
+  vae->tile_latent_min_size = 8;
+  at::Tensor tiled = vae->decode(z);
+  CATCH_CHECK(tiled.sizes() == plain.sizes());
+  CATCH_CHECK(torch::isfinite(tiled).all().item<bool>());
+  // The first tile's interior (away from any seam) is the decoder's output for that tile alone.
+  at::Tensor first = vae->decoder(vae->post_quant_conv(z.slice(2, 0, 8).slice(3, 0, 8)));
+  CATCH_CHECK((tiled.slice(2, 0, 12).slice(3, 0, 12) - first.slice(2, 0, 12).slice(3, 0, 12)).abs().max().item<double>() <= 1e-6);
+}
