@@ -7,6 +7,7 @@
 #include "data_test_util.h"
 #include "loratrain/data/batches.h"
 #include "loratrain/data/dataset.h"
+#include "loratrain/data/demo_data.h"
 #include "loratrain/util/error.h"
 #include "test_paths.h"
 
@@ -319,4 +320,35 @@ CATCH_TEST_CASE("dropping the largest resolution mid-run keeps the iterator vali
   // The OOM guard's batch_size 1: the epoch has one batch per entry.
   it.set_batch_size(1);
   CATCH_CHECK(it.batches_per_epoch() == 12);
+}
+
+CATCH_TEST_CASE("the demo dataset is deterministic and loads with several buckets", "[data][demo]") {
+  fs::path a = lt::test::scratch_dir("data_demo_a");
+  fs::path b = lt::test::scratch_dir("data_demo_b");
+  DemoDataOptions o;
+  o.count = 8;
+  auto items = make_demo_dataset(a, o);
+  make_demo_dataset(b, o);
+  CATCH_REQUIRE(items.size() == 8);
+  for (const DemoItem& it : items) {
+    CATCH_CHECK(lt::test::read_bytes(a / (it.stem + ".png")) == lt::test::read_bytes(b / (it.stem + ".png")));
+    CATCH_CHECK(lt::test::read_bytes(a / (it.stem + ".txt")) == it.caption + "\n");
+    CATCH_CHECK(it.caption.find(" on a ") != std::string::npos);
+  }
+  CATCH_CHECK(items[3].width == 128);  // landscape 2:1
+  CATCH_CHECK(items[7].height == 128);  // portrait 1:2
+  o.seed = 99;
+  fs::path c = lt::test::scratch_dir("data_demo_c");
+  make_demo_dataset(c, o);
+  CATCH_CHECK(lt::test::read_bytes(a / "shape_0000.png") != lt::test::read_bytes(c / "shape_0000.png"));
+
+  DatasetOptions d;
+  d.folder_path = a;
+  Dataset ds(d);
+  CATCH_CHECK(ds.size() == 8);
+  CATCH_CHECK(ds.images()[0].raw_caption == items[0].caption);
+  BucketOptions bo;
+  bo.resolutions = {64};
+  CATCH_CHECK(ds.make_plan(bo).buckets().size() == 3);  // 64x64, 80x48, 48x80
+  CATCH_CHECK_THROWS_AS(make_demo_dataset(c, DemoDataOptions{0, 64, 1}), lt::InputError);
 }
