@@ -333,7 +333,7 @@ const Matcher& matcher() {
     T(Trainer::kKohya, 2, {"running training / ", "avr_loss", "generating sample images at step",
                            "\xe5\xad\xa6\xe7\xbf\x92\xe9\x96\x8b\xe5\xa7\x8b", "network_module", "--network_dim",
                            "enable lora for u-net", "create lora network"});
-    T(Trainer::kMusubi, 9, {"musubi", "hv_train_network", "wan_train_network", "fpack_train_network",
+    T(Trainer::kMusubi, 20, {"musubi", "hv_train_network", "wan_train_network", "fpack_train_network",
                             "qwen_image_train_network", "flux_kontext_train_network", "hv_train.py",
                             "wan_cache_latents", "wan_cache_text_encoder", "networks.lora_wan",
                             "hv_generate_video", "cache_text_encoder_outputs.py", "lora_framepack",
@@ -1407,7 +1407,7 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
   int best_t = 0;
   for (int t = 1; t < kTrainerCount; ++t)
     if (st.trainer_score[t] > st.trainer_score[best_t]) best_t = t;
-  if (st.trainer_score[best_t] >= 2) d.trainer = static_cast<Trainer>(best_t);
+  if (st.trainer_score[best_t] >= 4) d.trainer = static_cast<Trainer>(best_t);
   // musubi prints kohya's own messages; kohya's GUI runs sd-scripts.
   if (d.trainer == Trainer::kKohya && st.kohya_gui) d.trainer_detail = "kohya_ss GUI";
   int best_f = 0;
