@@ -160,6 +160,30 @@ CATCH_TEST_CASE("corrupt images and orphan captions are skipped with one warning
   if (geteuid() != 0) CATCH_CHECK(count_with("locked.png") == 1);
 }
 
+CATCH_TEST_CASE("with verify_images off only headers are read; loading still names the file",
+                "[data][dataset]") {
+  fs::path dir = lt::test::scratch_dir("data_ds_noverify");
+  lt::io::write_png(dir / "good.png", lt::test::pattern_image(40, 30));
+  std::string png = lt::io::encode_png(lt::test::pattern_image(50, 40, 1));
+  lt::test::write_text(dir / "late.png", png.substr(0, png.size() - 20));  // header intact
+  DatasetOptions o;
+  o.folder_path = dir;
+  o.verify_images = false;
+  Dataset ds(o);
+  CATCH_REQUIRE(ds.size() == 2);
+  CATCH_CHECK(ds.images()[0].width == 40);
+  CATCH_CHECK(ds.images()[1].width == 50);
+  Placement p{50, 40, 0, 0, 48, 32};
+  try {
+    ds.load_image(1, p, false);
+    CATCH_FAIL("no error for a truncated image at load");
+  } catch (const lt::InputError& e) {
+    CATCH_CHECK(contains(e.what(), "late.png"));
+  }
+  o.verify_images = true;
+  CATCH_CHECK(Dataset(o).size() == 1);
+}
+
 CATCH_TEST_CASE("loading an image resizes once, flips and crops to the bucket", "[data][dataset]") {
   fs::path dir = lt::test::scratch_dir("data_ds_load");
   // Left half black, right half white, 200x100: downscaled into a 64 bucket set.

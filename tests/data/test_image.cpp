@@ -94,6 +94,23 @@ CATCH_TEST_CASE("BMP, JPEG and WebP decode", "[data][image]") {
   CATCH_CHECK(size.height == 16);
 }
 
+CATCH_TEST_CASE("alpha is dropped, grey images become RGB", "[data][image]") {
+  // RGBA with a fully transparent pixel: PIL's convert("RGB") keeps the colour, drops alpha.
+  const unsigned char rgba[] = {10, 20, 30, 0, 200, 100, 50, 255};
+  std::string png;
+  CATCH_REQUIRE(stbi_write_png_to_func(append, &png, 2, 1, 4, rgba, 8));
+  Image im = lt::io::decode_image(png, "alpha.png");
+  CATCH_REQUIRE(im.width == 2);
+  CATCH_CHECK(std::vector<uint8_t>(im.pixels.begin(), im.pixels.end()) ==
+              std::vector<uint8_t>{10, 20, 30, 200, 100, 50});
+  const unsigned char grey[] = {7, 250};
+  std::string gpng;
+  CATCH_REQUIRE(stbi_write_png_to_func(append, &gpng, 2, 1, 1, grey, 2));
+  Image g = lt::io::decode_image(gpng, "grey.png");
+  CATCH_CHECK(std::vector<uint8_t>(g.pixels.begin(), g.pixels.end()) ==
+              std::vector<uint8_t>{7, 7, 7, 250, 250, 250});
+}
+
 CATCH_TEST_CASE("JPEG EXIF orientation is applied like exif_transpose", "[data][image]") {
   // Left half red, right half blue, 32x16; orientation 6 = rotate 90 degrees clockwise.
   Image im(32, 16);
