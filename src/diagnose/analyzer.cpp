@@ -1328,7 +1328,7 @@ Stage stage_from_frames(const std::vector<Frame>& frames, bool* strong) {
         n == "_load_pretrained_model" || n == "move_to_device" || n == "load_lora" || n == "load_weights" ||
         n == "load_network" || func_has(n, "load_model") || n == "load_flow_model" || n == "load_ae" ||
         n == "load_t5" || n == "load_clip" || n == "prepare_model" || n == "load_file" || n == "load_sd" ||
-        n == "set_device_state" || n == "load_dit")
+        n == "set_device_state" || n == "load_dit" || n.rfind("load", 0) == 0 || n.rfind("_load", 0) == 0)
       return Stage::kModelLoad;
   }
   *strong = false;
@@ -1493,7 +1493,7 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
       if (!mm.process_in_use && st.process_uses.size() == 1) mm.process_in_use = ours;
     } else if (mm.total && mm.free && mm.process_in_use) {
       int64_t others = *mm.total - *mm.free - *mm.process_in_use;
-      if (others > 0) mm.other_processes = others;
+      if (others >= (int64_t(256) << 20)) mm.other_processes = others;  // below that: driver/context noise
     }
     if (mm.reserved_unallocated) {
       const int64_t ru = *mm.reserved_unallocated;
@@ -1578,10 +1578,15 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
                        *mm.free * 20 < total && mm.tried_to_allocate && *mm.tried_to_allocate * 2 < total;
     bool pre_training = phase == Phase::kLoad || phase == Phase::kBaselineSample ||
                         (phase == Phase::kEarlySteps && step.value_or(1) <= 1);
-    bool zero_free = (mm.free && *mm.free == 0) || st.causes[static_cast<int>(Cause::kGpuOom)].last.text.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos;
+    bool cublas = st.causes[static_cast<int>(Cause::kGpuOom)].last.text.find("CUBLAS_STATUS_ALLOC_FAILED") != std::string::npos;
+    bool zero_free = (mm.free && *mm.free == 0) || cublas;
     bool conservative = d.settings.batch_size.value_or(0) == 1 && d.settings.gradient_checkpointing.value_or(false) &&
                         d.settings.max_resolution.value_or(4096) <= 1024;
-    if (others || little_ours || (pre_training && zero_free && conservative) || st.guard.environment) {
+    // cuBLAS failing to get its small workspace before training is the environment unless the log
+    // shows an ambitious config.
+    bool ambitious = d.settings.batch_size.value_or(1) > 1 || !d.settings.gradient_checkpointing.value_or(true);
+    if (others || little_ours || (pre_training && zero_free && conservative) || (pre_training && cublas && !ambitious) ||
+        st.guard.environment) {
       phase = Phase::kEnvironment;
       pconf = std::max(pconf, others || little_ours ? 0.8 : 0.7);
       if (others)
