@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <map>
 #include <set>
 
@@ -107,10 +109,16 @@ void Dataset::scan() {
   std::sort(image_files.begin(), image_files.end());
   std::sort(caption_files.begin(), caption_files.end());
 
-  std::vector<std::string> skipped;
-  std::set<fs::path> image_stems;
-  for (const fs::path& path : image_files) {
-    image_stems.insert(fs::path(path).replace_extension());
+  // Reading and verifying is the slow part (a full decode per image), so files are spread over
+  // worker threads; results and warnings are then taken in sorted file order (deterministic).
+  struct Scanned {
+    std::optional<ImageRecord> record;
+    std::string error;          // why the image is skipped
+    std::string caption_error;  // why its caption is not used
+  };
+  std::vector<Scanned> scanned(image_files.size());
+  auto scan_one = [&](size_t i) {
+    const fs::path& path = image_files[i];
     ImageRecord rec;
     rec.path = path;
     try {
@@ -126,22 +134,48 @@ void Dataset::scan() {
         rec.height = size.height;
       }
     } catch (const InputError& e) {
-      warn(std::string("skipping image ") + e.what());
-      skipped.push_back(e.what());
-      continue;
+      scanned[i].error = e.what();
+      return;
     }
-
+    std::error_code cec;
     fs::path caption_path = fs::path(path).replace_extension(options_.caption_ext);
-    if (fs::exists(caption_path, ec) && !fs::is_directory(caption_path, ec)) {
+    if (fs::exists(caption_path, cec) && !fs::is_directory(caption_path, cec)) {
       try {
         rec.raw_caption = trim(io::read_file_bytes(caption_path));
         rec.has_caption_file = true;
       } catch (const InputError& e) {
-        warn(std::string("caption not used: ") + e.what());
+        scanned[i].caption_error = e.what();
       }
     }
     if (rec.raw_caption.empty() && options_.default_caption) rec.raw_caption = *options_.default_caption;
-    images_.push_back(std::move(rec));
+    scanned[i].record = std::move(rec);
+  };
+  const size_t workers = std::min<size_t>(
+      {std::max(1u, std::thread::hardware_concurrency()), 8, (image_files.size() + 3) / 4});
+  if (workers <= 1) {
+    for (size_t i = 0; i < image_files.size(); ++i) scan_one(i);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (size_t w = 0; w < workers; ++w)
+      pool.emplace_back([&] {
+        for (size_t i = next++; i < image_files.size(); i = next++) scan_one(i);
+      });
+    for (auto& t : pool) t.join();
+  }
+
+  std::vector<std::string> skipped;
+  std::set<fs::path> image_stems;
+  for (size_t i = 0; i < image_files.size(); ++i) {
+    image_stems.insert(fs::path(image_files[i]).replace_extension());
+    Scanned& s = scanned[i];
+    if (!s.record) {
+      warn("skipping image " + s.error);
+      skipped.push_back(s.error);
+      continue;
+    }
+    if (!s.caption_error.empty()) warn("caption not used: " + s.caption_error);
+    images_.push_back(std::move(*s.record));
   }
 
   std::vector<std::string> orphans;
