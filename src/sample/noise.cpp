@@ -151,6 +151,8 @@ at::Tensor NoiseSchedule::snr(const at::Tensor& timesteps) const {
 at::Tensor NoiseSchedule::min_snr_weights(const at::Tensor& timesteps, double gamma,
                                           PredictionType prediction) const {
   if (!(gamma > 0)) throw InputError("min_snr_gamma must be > 0, got " + std::to_string(gamma));
+  if (prediction == PredictionType::kFlow)
+    throw InputError("min_snr_gamma weights the DDPM schedule's SNR; flow-matching models have none here");
   auto s = snr(timesteps);
   auto clipped = torch::minimum(s, torch::full_like(s, gamma));
   if (prediction == PredictionType::kVPrediction) return torch::div(clipped, s + 1);
@@ -159,6 +161,8 @@ at::Tensor NoiseSchedule::min_snr_weights(const at::Tensor& timesteps, double ga
 
 at::Tensor NoiseSchedule::debiased_estimation_weights(const at::Tensor& timesteps,
                                                       PredictionType prediction) const {
+  if (prediction == PredictionType::kFlow)
+    throw InputError("debiased estimation weights the DDPM schedule's SNR; not for flow-matching models");
   auto s = snr(timesteps).clamp_max(1000.0);  // kohya caps SNR so near-clean timesteps stay bounded
   if (prediction == PredictionType::kVPrediction) return 1 / (s + 1);
   return 1 / torch::sqrt(s);

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "loratrain/util/error.h"
 
 namespace lt::sample {
@@ -84,6 +86,41 @@ at::Tensor sample_batched(Scheduler& scheduler, const BatchedDenoiseFn& denoise,
     return apply_cfg(halves[0], halves[1], o.guidance_scale, o.guidance_rescale);
   };
   return run_loop(scheduler, predict, o);
+}
+
+std::vector<at::Tensor> to_uint8_images(const at::Tensor& decoded) {
+  TORCH_CHECK(decoded.dim() == 4 && decoded.size(1) == 3, "expected decoded images [B, 3, H, W], got ",
+              decoded.sizes());
+  auto x = (decoded.detach().to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  auto u8 = (x * 255).round().to(at::kByte).permute({0, 2, 3, 1}).contiguous().cpu();
+  std::vector<at::Tensor> out;
+  for (int64_t b = 0; b < u8.size(0); ++b) out.push_back(u8[b].clone());
+  return out;
+}
+
+at::Tensor make_image_grid(const std::vector<at::Tensor>& images, int64_t columns, int64_t padding,
+                           uint8_t background) {
+  if (images.empty()) throw InputError("make_image_grid: no images");
+  const auto n = static_cast<int64_t>(images.size());
+  if (columns <= 0) columns = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n))));
+  columns = std::min(columns, n);
+  const int64_t rows = (n + columns - 1) / columns;
+  int64_t cell_h = 0, cell_w = 0;
+  for (const auto& im : images) {
+    TORCH_CHECK(im.dim() == 3 && im.size(2) == 3 && im.scalar_type() == at::kByte,
+                "grid images must be uint8 [H, W, 3], got ", im.sizes(), " ", im.scalar_type());
+    cell_h = std::max(cell_h, im.size(0));
+    cell_w = std::max(cell_w, im.size(1));
+  }
+  auto grid = torch::full({rows * cell_h + (rows - 1) * padding, columns * cell_w + (columns - 1) * padding, 3},
+                          background, torch::kByte);
+  for (int64_t k = 0; k < n; ++k) {
+    const auto& im = images[static_cast<size_t>(k)];
+    const int64_t y = (k / columns) * (cell_h + padding) + (cell_h - im.size(0)) / 2;
+    const int64_t x = (k % columns) * (cell_w + padding) + (cell_w - im.size(1)) / 2;
+    grid.slice(0, y, y + im.size(0)).slice(1, x, x + im.size(1)).copy_(im.cpu());
+  }
+  return grid;
 }
 
 }  // namespace lt::sample

@@ -235,3 +235,26 @@ CATCH_TEST_CASE("scheduler construction and names", "[sample][scheduler]") {
   CATCH_CHECK_THROWS_AS(t->set_timesteps(0), lt::InputError);
   CATCH_CHECK_THROWS_AS(t->set_timesteps(1001), lt::InputError);
 }
+
+CATCH_TEST_CASE("preview images and grids", "[sample][grid]") {
+  auto decoded = torch::tensor({-1.0f, -0.5f, 0.0f, 1.5f}).view({1, 1, 2, 2}).expand({2, 3, 2, 2}).contiguous();
+  auto ims = to_uint8_images(decoded);
+  CATCH_REQUIRE(ims.size() == 2);
+  CATCH_CHECK(ims[0].sizes() == at::IntArrayRef({2, 2, 3}));
+  // (x / 2 + 0.5) * 255, clamped, rounded half to even: 0, 63.75 -> 64, 127.5 -> 128, 255.
+  CATCH_CHECK(ims[0][0][0][0].item<int>() == 0);
+  CATCH_CHECK(ims[0][0][1][0].item<int>() == 64);
+  CATCH_CHECK(ims[0][1][0][0].item<int>() == 128);
+  CATCH_CHECK(ims[0][1][1][2].item<int>() == 255);
+
+  auto a = torch::full({4, 6, 3}, 10, torch::kByte), b = torch::full({2, 2, 3}, 20, torch::kByte);
+  auto c = torch::full({4, 6, 3}, 30, torch::kByte);
+  auto grid = make_image_grid({a, b, c}, 2, 1, 255);
+  CATCH_CHECK(grid.sizes() == at::IntArrayRef({9, 13, 3}));  // 2 rows x 2 cols of 4x6 cells, 1 px apart
+  CATCH_CHECK(grid[0][0][0].item<int>() == 10);
+  CATCH_CHECK(grid[2][9][0].item<int>() == 20);   // b centred in cell (0, 1): rows 1-2, cols 9-10
+  CATCH_CHECK(grid[0][9][0].item<int>() == 255);  // background around the small image
+  CATCH_CHECK(grid[5][0][0].item<int>() == 30);
+  CATCH_CHECK(grid[4][0][0].item<int>() == 255);  // padding row
+  CATCH_CHECK(make_image_grid({a, b, c}).sizes() == at::IntArrayRef({8, 12, 3}));  // ceil(sqrt(3)) = 2 columns
+}

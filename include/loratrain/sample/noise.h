@@ -70,7 +70,9 @@ class NoiseSchedule {
 
   // Min-SNR-gamma per-sample loss weights [B] float32 (Hang et al. 2023; kohya apply_snr_weight,
   // diffusers --snr_gamma): min(SNR, gamma) / SNR for epsilon, min(SNR, gamma) / (SNR + 1) for
-  // v-prediction. gamma must be > 0.
+  // v-prediction (sample prediction uses the epsilon form). gamma must be > 0; flow throws.
+  // AI Toolkit's own apply_snr_weight differs for v-prediction (it uses the epsilon form there);
+  // this follows kohya and diffusers.
   at::Tensor min_snr_weights(const at::Tensor& timesteps, double gamma, PredictionType prediction) const;
   // kohya --debiased_estimation_loss weights [B]: 1/sqrt(SNR) (epsilon) or 1/(SNR+1) (v), SNR
   // clamped to 1000 so t = 0 stays finite.

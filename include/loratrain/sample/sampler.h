@@ -57,4 +57,15 @@ at::Tensor apply_cfg(const at::Tensor& uncond, const at::Tensor& cond, double gu
 at::Tensor sample(Scheduler& scheduler, const DenoiseFn& denoise, const SamplerOptions& options);
 at::Tensor sample_batched(Scheduler& scheduler, const BatchedDenoiseFn& denoise, const SamplerOptions& options);
 
+// ---- Preview images ----
+
+// Decoded images [B, 3, H, W] in [-1, 1] -> B uint8 [H, W, 3] CPU tensors, as diffusers'
+// VaeImageProcessor.postprocess does (x / 2 + 0.5, clamp to [0, 1], * 255, round half to even).
+std::vector<at::Tensor> to_uint8_images(const at::Tensor& decoded);
+// One grid image [H, W, 3] uint8 of `images` ([h_i, w_i, 3] uint8; sizes may differ, as prompts
+// may set --w/--h), `columns` per row (0: ceil(sqrt(n))), each centred in a cell of the largest
+// height and width, cells `padding` pixels apart on a `background` canvas.
+at::Tensor make_image_grid(const std::vector<at::Tensor>& images, int64_t columns = 0, int64_t padding = 0,
+                           uint8_t background = 0);
+
 }  // namespace lt::sample
