@@ -315,6 +315,7 @@ void validate_paths(const JobConfig& job) {
 std::string dump_effective_yaml(const JobConfig& job) {
   YAML::Emitter e;
   e.SetIndent(2);
+  e.SetNullFormat(YAML::LowerNull);
   e << YAML::BeginMap;
   e << YAML::Key << "job" << YAML::Value;
   detail::emit_value(e, job.job);

@@ -23,10 +23,10 @@ const std::vector<KeyInfo>& all_keys() {
       k.doc = doc;
       out.push_back(k);
     };
-    top("job", "string", "", "extension", "Job kind. Required. (AI Toolkit's train, extract, generate and mod jobs are not supported yet.)");
-    top("config.name", "string", "", "a plain folder name",
+    top("job", "string", "required", "extension", "Job kind. Required. (AI Toolkit's train, extract, generate and mod jobs are not supported yet.)");
+    top("config.name", "string", "required", "a plain folder name",
         "Name of the run: its folder (training_folder/<name>) and adapter file name. Required. Replaces [name] in every string.");
-    top("config.process", "list of sections", "", "exactly one item", "The trainer process (keys below). Required.");
+    top("config.process", "list of sections", "required", "exactly one item", "The trainer process (keys below). Required.");
     top("meta", "mapping", "{}", "", "Free-form metadata written into the adapter file (name: \"[name]\", version: '1.0').");
     detail::collect_keys(detail::process_table(), "", out);
     return out;

@@ -114,6 +114,7 @@ const Table<DatasetConfig>& dataset_table() {
     Table<S> t;
     t.push_back(field("folder_path", &S::folder_path,
                       "Folder of images (or videos when num_frames > 1) with caption sidecars. Required.")
+                    .default_is("required")
                     .allowed_is("an existing folder with images (checked when a run starts)"));
     t.push_back(not_yet<S>("dataset_path", "string", "null", "A JSON dataset description instead of a folder."));
     t.push_back(field("caption_ext", &S::caption_ext, "Extension of caption files beside each image.")
@@ -392,6 +393,7 @@ const Table<ModelConfig>& model_table() {
     Table<S> t;
     t.push_back(field("name_or_path", &S::name_or_path,
                       "The base model: a single .safetensors checkpoint or a diffusers folder. Required.")
+                    .default_is("required")
                     .allowed_is("a file or folder (a Hugging Face repo id is reported at run time)"));
     t.push_back(field("arch", &S::arch,
                       "Model family. null = detect it from the checkpoint. Families lora-train does not build "
@@ -490,7 +492,7 @@ const Table<SampleItem>& sample_item_table() {
   static const Table<SampleItem> t = [] {
     using S = SampleItem;
     Table<S> t;
-    t.push_back(field("prompt", &S::prompt, "The prompt (inline flags allowed). Required."));
+    t.push_back(field("prompt", &S::prompt, "The prompt (inline flags allowed). Required.").default_is("required"));
     t.push_back(field("width", &S::width, "Width; null = sample.width.").range(64, 4096).lever());
     t.push_back(field("height", &S::height, "Height; null = sample.height.").range(64, 4096).lever());
     t.push_back(field("neg", &S::neg, "Negative prompt; null = sample.neg."));
@@ -630,6 +632,7 @@ const Table<ProcessConfig>& process_table() {
     using S = ProcessConfig;
     Table<S> t;
     t.push_back(field("type", &S::type, "Process kind. Required.")
+                    .default_is("required")
                     .one_of({"sd_trainer", "diffusion_trainer", "ui_trainer"})
                     .not_yet({"textual_inversion_trainer", "slider", "concept_replacer", "esrgan_trainer",
                               "reference_trainer", "vae_trainer", "mod_lora_scale", "extract_lora"}));

@@ -156,6 +156,7 @@ const char* type_name(std::optional<T>*) { return type_name(static_cast<T*>(null
 template <class T>
 std::string value_text(const T& v) {
   YAML::Emitter e;
+  e.SetNullFormat(YAML::LowerNull);
   e << YAML::Flow;
   emit_value(e, v);
   return e.c_str();
@@ -343,6 +344,10 @@ Key<S> section_list(const char* name, std::vector<Sub> S::*member, const Table<S
     s.*member = std::move(items);
   };
   k.emit = [member, table](const S& s, YAML::Emitter& e) {
+    if ((s.*member).empty()) {
+      e << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
+      return;
+    }
     e << YAML::BeginSeq;
     for (const auto& item : s.*member) emit_section(item, table(), e);
     e << YAML::EndSeq;
