@@ -1,5 +1,7 @@
 #include "loratrain/memory/classify.h"
 
+#include <ostream>
+
 #include <fmt/format.h>
 
 #include "loratrain/util/strings.h"
@@ -18,6 +20,8 @@ const char* to_string(Classification c) {
   }
   return "unknown";
 }
+
+std::ostream& operator<<(std::ostream& os, Classification c) { return os << to_string(c); }
 
 bool is_conservative(const MemorySettings& s) {
   if (!s.gradient_checkpointing || s.batch_size > 1) return false;
@@ -126,6 +130,7 @@ Classified classify(const FailureContext& ctx) {
     const bool fits = n.free && *n.free >= *n.tried;
     if (fragmented || fits) {
       c.kind = Classification::fragmentation;
+      c.transient = fits && !fragmented;
       c.reason = fragmented
                      ? fmt::format("{} reserved but unallocated exceeds the {} request",
                                    format_bytes(cached), format_bytes(*n.tried))

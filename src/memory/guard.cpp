@@ -165,6 +165,7 @@ Decision OomGuard::recover(std::exception_ptr error) {
   rec.phase = f.phase;
   rec.where = f.where;
   rec.error = first_line(info.message);
+  rec.numbers = info.numbers;
   const OomNumbers& n = info.numbers;
   rec.before.allocated = n.allocated.value_or(f.at_exit.peak);
   rec.before.reserved = n.allocated ? *n.allocated + n.reserved_unallocated.value_or(0)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <ostream>
 
 #include <fmt/format.h>
 
@@ -41,6 +42,9 @@ const char* to_string(ScaleLever l) {
   return "unknown";
 }
 
+std::ostream& operator<<(std::ostream& os, ActionKind k) { return os << to_string(k); }
+std::ostream& operator<<(std::ostream& os, ScaleLever l) { return os << to_string(l); }
+
 int Action::exit_code() const {
   if (kind == ActionKind::give_up_exhausted) return 3;
   if (kind == ActionKind::give_up_environment) return 4;
@@ -52,9 +56,10 @@ bool LadderHistory::tried(const MemorySettings& s) const {
   return std::find(failed.begin(), failed.end(), s) != failed.end();
 }
 
-bool LadderHistory::quick_retried(Phase phase, int64_t step) const {
-  return std::any_of(quick_retries.begin(), quick_retries.end(),
-                     [&](const QuickRetry& q) { return q.phase == phase && q.step == step; });
+int LadderHistory::quick_retries_at(Phase phase, int64_t step) const {
+  return static_cast<int>(std::count_if(quick_retries.begin(), quick_retries.end(), [&](const QuickRetry& q) {
+    return q.phase == phase && q.step == step;
+  }));
 }
 
 int reduced_frames(int frames) {
@@ -128,17 +133,17 @@ std::optional<Action> checkpointing_and_lower_resolution(const MemorySettings& s
   return a;
 }
 
-int round_down_16(double v) { return std::max(16, static_cast<int>(v) / 16 * 16); }
+int round_down_16(int64_t v) { return static_cast<int>(std::max<int64_t>(16, v / 16 * 16)); }
 
 std::optional<Action> shrink_samples(const MemorySettings& s) {
   if (s.disable_sampling) return std::nullopt;
   const int smaller = std::min(s.sample_width, s.sample_height);
   if (smaller <= kSampleSizeFloor) return std::nullopt;
   // Halve both sides, but not below the floor on the smaller side (aspect ratio kept).
-  const double factor = std::max(0.5, static_cast<double>(kSampleSizeFloor) / smaller);
+  const int target = std::max(kSampleSizeFloor, smaller / 2);
   Action a{ActionKind::shrink_samples, "", s};
-  a.settings.sample_width = round_down_16(s.sample_width * factor);
-  a.settings.sample_height = round_down_16(s.sample_height * factor);
+  a.settings.sample_width = round_down_16(int64_t(s.sample_width) * target / smaller);
+  a.settings.sample_height = round_down_16(int64_t(s.sample_height) * target / smaller);
   a.settings.sample_steps = std::max(std::min(s.sample_steps, kSampleStepsFloor), s.sample_steps / 2);
   a.description = fmt::format("sample.width/height: {}x{} -> {}x{}, sample.sample_steps: {} -> {}",
                               s.sample_width, s.sample_height, a.settings.sample_width,
@@ -271,8 +276,14 @@ Action next_action(const FailureContext& ctx, const Classified& c, const LadderH
                 "the same config",
             s};
   }
-  if (c.kind == Classification::fragmentation && !history.quick_retried(ctx.phase, step)) {
-    return {ActionKind::empty_cache_retry, "empty the allocator cache and retry the same step once", s};
+  if (c.kind == Classification::fragmentation) {
+    const int spent = history.quick_retries_at(ctx.phase, step);
+    if (spent == 0 || (c.transient && spent < kTransientRetries)) {
+      return {ActionKind::empty_cache_retry,
+              c.transient ? "retry the same step (the request fits in free memory)"
+                          : "empty the allocator cache and retry the same step once",
+              s};
+    }
   }
 
   for (const Rung& rung : rungs_for(c.ladder, c, s, history.initial)) {

@@ -1,5 +1,7 @@
 #include "loratrain/memory/phase.h"
 
+#include <ostream>
+
 #include <fmt/format.h>
 
 namespace lt::memory {
@@ -15,6 +17,8 @@ const char* to_string(Phase phase) {
   }
   return "unknown";
 }
+
+std::ostream& operator<<(std::ostream& os, Phase phase) { return os << to_string(phase); }
 
 std::optional<Phase> phase_from_string(std::string_view name) {
   for (Phase p : {Phase::load, Phase::cache, Phase::baseline_sample, Phase::train_step,

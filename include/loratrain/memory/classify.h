@@ -2,6 +2,7 @@
 // kind of OOM this is. A pure function: everything it reads is in FailureContext.
 #pragma once
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 
 #include "loratrain/memory/device_memory.h"
@@ -21,6 +22,7 @@ enum class Classification {
   fragmentation,  // the request would fit: free or cached-but-unallocated memory is large
 };
 const char* to_string(Classification c);
+std::ostream& operator<<(std::ostream& os, Classification c);
 
 // Thresholds, named once (docs/oom-guard.md explains each).
 inline constexpr int64_t kEarlyStepLimit = 10;           // steps 1..10 are "early"
@@ -29,6 +31,7 @@ inline constexpr int kConservativeFrames = 33;           // clips of <= 33 frame
 inline constexpr double kForeignFraction = 0.25;         // > 25% of the card held by others
 inline constexpr double kFragmentedFraction = 0.25;      // reserved-unallocated > 25% of total
 inline constexpr int64_t kFragmentedBytes = int64_t(1) << 30;  // ... or > 1 GiB
+inline constexpr int kTransientRetries = 3;              // empty-cache retries per step when it fits
 
 struct FailureContext {
   Phase phase = Phase::train_step;
@@ -49,6 +52,9 @@ struct Classified {
   Classification ladder = Classification::early_steps;
   bool first_step = false;      // a training step before any step succeeded ("step 1 exactly")
   bool largest_bucket = false;
+  // The request would have fit in free memory: nothing to shrink, a retry is justified by the
+  // evidence itself (an injected fault, memory freed meanwhile). Up to kTransientRetries per step.
+  bool transient = false;
   std::string reason;           // one sentence: the evidence
 };
 

@@ -1,6 +1,7 @@
 // The rollback ladder (OOM_PLAYBOOK.md §3-§5) as pure functions: given how it failed, the settings
 // in effect and what was tried, the one next change. No I/O, no device: tests assert sequences.
 #pragma once
+#include <iosfwd>
 #include <optional>
 #include <set>
 #include <string>
@@ -12,7 +13,8 @@
 namespace lt::memory {
 
 enum class ActionKind {
-  empty_cache_retry,       // same settings, caches emptied: once per failing step
+  empty_cache_retry,       // same settings, caches emptied: once per failing step (a few times
+                           // when the request fitted in free memory: transient)
   enable_checkpointing,
   batch_to_one,            // gradient accumulation multiplied by the old batch: effective batch kept
   drop_largest_bucket,     // its images are re-bucketed to the next resolution down
@@ -30,6 +32,7 @@ enum class ActionKind {
   revert_scale_up,         // the scale-up failed: back to the last stable settings, for good
 };
 const char* to_string(ActionKind k);
+std::ostream& operator<<(std::ostream& os, ActionKind k);
 inline bool gives_up(ActionKind k) {
   return k == ActionKind::give_up_exhausted || k == ActionKind::give_up_environment ||
          k == ActionKind::give_up_host_memory;
@@ -55,7 +58,8 @@ struct LadderHistory {
   int environment_failures = 0;            // environment-classified failures so far
 
   bool tried(const MemorySettings& s) const;
-  bool quick_retried(Phase phase, int64_t step) const;
+  bool quick_retried(Phase phase, int64_t step) const { return quick_retries_at(phase, step) > 0; }
+  int quick_retries_at(Phase phase, int64_t step) const;
 };
 
 // The one next change for this failure. Never returns settings that already failed, nor the
@@ -67,6 +71,7 @@ Action next_action(const FailureContext& ctx, const Classified& c, const LadderH
 // low_vram, quantization) are never undone.
 enum class ScaleLever { larger_bucket, richer_sampling, larger_batch, more_frames };
 const char* to_string(ScaleLever l);
+std::ostream& operator<<(std::ostream& os, ScaleLever l);
 
 struct ScaleUp {
   ScaleLever lever;

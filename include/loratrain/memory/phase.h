@@ -2,6 +2,7 @@
 // OomGuard::enter(), so at a failure the guard knows where it was without guessing.
 #pragma once
 #include <cstdint>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,6 +12,7 @@ namespace lt::memory {
 enum class Phase { load, cache, baseline_sample, train_step, sample, save };
 
 const char* to_string(Phase phase);
+std::ostream& operator<<(std::ostream& os, Phase phase);
 std::optional<Phase> phase_from_string(std::string_view name);
 
 // Where inside the phase we are. Zero means "not applicable / unknown" and prints as 0.
