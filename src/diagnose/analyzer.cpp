@@ -389,7 +389,7 @@ const Matcher& matcher() {
     S(kSetAccum, {"gradient_accumulation_steps", "gradient_accumulation", "gradient accumulation steps",
                   "grad_accum"});
     S(kSetRank, {"network_dim", "lora_rank", "network_rank", "base dim (rank)", "linear", "rank", "lora_dim"});
-    S(kSetResolution, {"resolution", "resolutions", "max_bucket_reso"});
+    S(kSetResolution, {"resolution", "resolutions"});
     S(kSetFrames, {"num_frames", "target_frames", "frame_buckets", "video_length", "max_frames", "frame_count"});
     S(kSetPrecision, {"mixed_precision", "dtype", "train_dtype", "transformer_dtype", "weight_dtype"});
     S(kSetOptimizer, {"optimizer_type", "optimizer"});
@@ -613,6 +613,13 @@ void add_resolutions(Settings& s, const std::vector<int>& values) {
     if (!s.max_resolution || r > *s.max_resolution) s.max_resolution = r;
   }
   std::sort(s.resolutions.begin(), s.resolutions.end());
+}
+
+// A bucket WxH counts as the square side of the same area (832x1216 is a 1024 bucket), rounded to 64.
+void add_bucket(Settings& s, int w, int h) {
+  if (w < 64 || h < 64 || w > 16384 || h > 16384) return;
+  int side = static_cast<int>(std::lround(std::sqrt(static_cast<double>(w) * h) / 64.0)) * 64;
+  if (!s.max_resolution || side > *s.max_resolution) s.max_resolution = side;
 }
 
 void handle_setting(State& st, int id, std::string_view low, size_t pos, size_t end) {
@@ -946,7 +953,7 @@ void handle_bucket(State& st, std::string_view low) {
         nums.push_back(n);
       }
     }
-    if (nums.size() >= 2) add_resolutions(st.settings, {std::max(nums[0], nums[1])});
+    if (nums.size() >= 2) add_bucket(st.settings, nums[0], nums[1]);
     if (nums.size() == 3 && nums[2] >= 1 && nums[2] < 2000)
       st.settings.num_frames = std::max(st.settings.num_frames.value_or(0), nums[2]);
   }
@@ -964,7 +971,7 @@ void handle_wxh(State& st, std::string_view low) {
     size_t k = i + 1;
     while (k < low.size() && is_digit(low[k])) h = std::min(100000, h * 10 + (low[k++] - '0'));
     if (w < 64 || h < 64) continue;
-    add_resolutions(st.settings, {std::max(w, h)});
+    add_bucket(st.settings, w, h);
     if (k + 1 < low.size() && low[k] == 'x' && is_digit(low[k + 1])) {
       int f = 0;
       size_t m = k + 1;
@@ -1585,8 +1592,10 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
     // cuBLAS failing to get its small workspace before training is the environment unless the log
     // shows an ambitious config.
     bool ambitious = d.settings.batch_size.value_or(1) > 1 || !d.settings.gradient_checkpointing.value_or(true);
-    if (others || little_ours || (pre_training && zero_free && conservative) || (pre_training && cublas && !ambitious) ||
-        st.guard.environment) {
+    // When this run's own tensors fill the card, the model/config is the problem, not the environment.
+    bool ours_dominant = total > 0 && mm.allocated_by_pytorch && *mm.allocated_by_pytorch * 4 >= total * 3;
+    if (others || little_ours || (pre_training && zero_free && conservative && !ours_dominant) ||
+        (pre_training && cublas && !ambitious && !ours_dominant) || st.guard.environment) {
       phase = Phase::kEnvironment;
       pconf = std::max(pconf, others || little_ours ? 0.8 : 0.7);
       if (others)
@@ -1635,8 +1644,11 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
       }
     }
   }
-  std::stable_sort(d.evidence.begin(), d.evidence.end(),
-                   [](const Evidence& a, const Evidence& b) { return a.line < b.line; });
+  // Log lines in order; the traceback-frame summary (line 0) last.
+  std::stable_sort(d.evidence.begin(), d.evidence.end(), [](const Evidence& a, const Evidence& b) {
+    int64_t la = a.line > 0 ? a.line : INT64_MAX, lb = b.line > 0 ? b.line : INT64_MAX;
+    return la < lb;
+  });
 
   // Look-alike advice.
   switch (d.cause) {
