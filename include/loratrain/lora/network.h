@@ -1,0 +1,193 @@
+// LoRA adapters on frozen lt::models::Linear / Conv2d leaves, selected and named as kohya
+// sd-scripts' networks/lora.py does (the file format ComfyUI, A1111/Forge and diffusers load).
+//
+//   y = W x + multiplier * (alpha / rank) * up(dropout(down(x)))
+//
+// down: Linear in->rank, or for a conv leaf a Conv2d in->rank with the leaf's kernel, stride and
+// padding (LoCon for 3x3); up: Linear rank->out or a 1x1 Conv2d. Init as kohya/Microsoft LoRA:
+// down kaiming_uniform(a=sqrt(5)), up zeros, so the adapted model starts equal to the base.
+// Adapter weights are fp32 whatever the base dtype; delta() computes in fp32.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loratrain/models/layers.h"
+
+namespace lt::io {
+class SafetensorsFile;
+}
+
+namespace lt::lora {
+
+// One model component an adapter set is built on, with its names in both file formats.
+struct ComponentSpec {
+  std::string kohya_prefix;  // "lora_unet", "lora_te", "lora_te1", "lora_te2"
+  std::string peft_prefix;   // "unet", "text_encoder", "text_encoder_2"
+  bool is_unet = true;       // governed by train_unet (else by train_text_encoder)
+  // Module paths are taken relative to the root passed to add_component(); `path_prefix` is
+  // prepended (e.g. "text_model" when the root is a CLIPTextTransformer rather than CLIPTextModel).
+  std::string path_prefix;
+  // Linear and 1x1 Conv2d leaves inside modules of these classes get the linear rank...
+  std::vector<std::string> target_classes;
+  // ...and, when a conv rank is set (or dims come from a file), leaves inside these classes too,
+  // k x k convs (k > 1) getting the conv rank.
+  std::vector<std::string> conv_target_classes;
+
+  // kohya LoRANetwork.UNET_TARGET_REPLACE_MODULE (+ _CONV2D_3X3) over diffusers' UNet names.
+  static ComponentSpec sd_unet();
+  // CLIPAttention/CLIPMLP of a CLIPTextModel. index 0: SD1/SD2's single text encoder (lora_te,
+  // text_encoder); 1 and 2: SDXL's (lora_te1/text_encoder, lora_te2/text_encoder_2).
+  static ComponentSpec text_encoder(int index = 0);
+};
+
+// The `network:` section of the config, in AI Toolkit's vocabulary.
+struct NetworkConfig {
+  int64_t linear = 4;                  // rank of Linear / 1x1 conv adapters
+  double linear_alpha = 1.0;           // alpha (0 = rank, i.e. scale 1, as kohya)
+  std::optional<int64_t> conv;         // rank of k x k conv adapters (LoCon); nullopt = none
+  std::optional<double> conv_alpha;    // nullopt = conv (AI Toolkit's default)
+  double dropout = 0.0;                // dropout on the rank-dim activation after down (kohya)
+  // network_kwargs: substring filters on the module's dotted path ("down_blocks.0.attentions"),
+  // its prefixed path ("lora_unet.down_blocks...") and its kohya name; ignore wins over only.
+  std::vector<std::string> only_if_contains;
+  std::vector<std::string> ignore_if_contains;
+  bool train_unet = true;
+  bool train_text_encoder = false;
+};
+
+// Which weights a module's file key set describes: name -> (rank, alpha); built from a LoRA file
+// so that a network can be created with exactly the file's modules and dims.
+struct ModuleDims {
+  int64_t rank = 0;
+  double alpha = 0.0;
+};
+
+// Mirrors kohya LoRAModule; implements the leaf's Adapter hook.
+class LoRAModuleImpl : public torch::nn::Module, public lt::models::Adapter {
+ public:
+  LoRAModuleImpl(std::string lora_name, std::string peft_name,
+                 const std::shared_ptr<lt::models::LinearImpl>& leaf, int64_t rank, double alpha, double dropout);
+  LoRAModuleImpl(std::string lora_name, std::string peft_name,
+                 const std::shared_ptr<lt::models::Conv2dImpl>& leaf, int64_t rank, double alpha, double dropout);
+
+  // x: the leaf's input ([..., in] or [N, in, H, W], any float dtype) -> fp32 delta of the
+  // leaf's output shape: multiplier * scale * up(dropout(down(x))).
+  at::Tensor delta(const at::Tensor& x) override;
+
+  // The equivalent weight delta in fp32, shaped like the leaf's weight:
+  // multiplier * scale * up @ down (kernels flattened for convs, kohya's convention).
+  at::Tensor delta_weight(double multiplier) const;
+
+  void attach();  // sets the leaf's adapter to this module (no-op when the leaf is gone)
+  void detach();  // clears it (only if it is still this module)
+  bool is_conv() const { return is_conv_; }
+  double scale() const { return alpha / static_cast<double>(rank); }
+  // The leaf's weight; undefined when the leaf no longer exists.
+  at::Tensor base_weight() const;
+  std::vector<int64_t> leaf_weight_shape() const { return leaf_shape_; }
+
+  const std::string lora_name;  // kohya key stem, e.g. lora_unet_mid_block_attentions_0_proj_in
+  const std::string peft_name;  // e.g. unet.mid_block.attentions.0.proj_in
+  const int64_t rank;
+  double alpha;
+  double multiplier = 1.0;
+  double dropout;
+  at::Tensor lora_down;  // [rank, in] or [rank, in, k, k], fp32, registered "lora_down_weight"
+  at::Tensor lora_up;    // [out, rank] or [out, rank, 1, 1], fp32, registered "lora_up_weight"
+
+ private:
+  void init_weights();
+  bool is_conv_ = false;
+  int64_t stride_ = 1;
+  int64_t padding_ = 0;
+  std::vector<int64_t> leaf_shape_;
+  // Weak: the leaf owns the adapter (shared_ptr); the adapter must not keep the leaf alive.
+  std::weak_ptr<lt::models::LinearImpl> linear_leaf_;
+  std::weak_ptr<lt::models::Conv2dImpl> conv_leaf_;
+};
+TORCH_MODULE(LoRAModule);
+
+enum class LoRAFormat { Kohya, PEFT };
+
+struct SaveOptions {
+  LoRAFormat format = LoRAFormat::Kohya;
+  at::ScalarType dtype = at::kHalf;                 // save.dtype
+  std::map<std::string, std::string> metadata;      // ss_* training metadata from the caller
+};
+
+struct LoadReport {
+  LoRAFormat format = LoRAFormat::Kohya;
+  size_t loaded = 0;                      // modules whose weights were set
+  std::vector<std::string> missing;       // network modules the file has no weights for
+  std::vector<std::string> unexpected;    // file modules the network does not have
+};
+
+// Mirrors kohya LoRANetwork: owns every LoRAModule (registered under its kohya name, so
+// parameters() is exactly the trainable set) and attaches them to the model's leaves.
+class LoRANetworkImpl : public torch::nn::Module {
+ public:
+  explicit LoRANetworkImpl(NetworkConfig config = {});
+
+  // Creates adapters for `spec`'s targets under `root` and freezes every parameter of `root`
+  // (requires_grad false): the base never trains. A component that is not trained
+  // (train_unet / train_text_encoder false) gets no adapters. Returns the number created.
+  // With `dims` (from a LoRA file), exactly the modules named there are created, with their dims.
+  size_t add_component(const ComponentSpec& spec, torch::nn::Module& root,
+                       const std::map<std::string, ModuleDims>* dims = nullptr);
+
+  void apply_to();  // attach every adapter to its leaf (kohya apply_to)
+  void remove();    // detach them: the model computes the base output again
+  void set_multiplier(double multiplier);
+
+  const NetworkConfig& config() const { return config_; }
+  const std::vector<LoRAModule>& modules() const { return modules_; }
+  const std::vector<ComponentSpec>& components() const { return components_; }
+  std::vector<at::Tensor> trainable_parameters() const { return parameters(); }
+  size_t count(bool unet) const;  // modules of UNet / text-encoder components
+
+  // Save and load (lora/format.cpp). Kohya: `<lora_name>.lora_down.weight`, `.lora_up.weight`,
+  // `.alpha` for every module, plus ss_* metadata. PEFT/diffusers: `<peft_name>.lora_A.weight` /
+  // `.lora_B.weight` with alpha/rank folded into lora_B (PEFT files carry no alpha) and diffusers'
+  // `lora_adapter_metadata` (r = lora_alpha per component, rank_pattern/alpha_pattern when ranks
+  // differ) so every tool applies scale 1 to the folded weights.
+  std::vector<std::pair<std::string, at::Tensor>> state_dict(LoRAFormat format, at::ScalarType dtype) const;
+  std::map<std::string, std::string> network_metadata(LoRAFormat format) const;
+  void save(const std::filesystem::path& path, const SaveOptions& options = {}) const;
+  // Detects the format from the keys and sets every module it names. kohya alphas are taken from
+  // the file; PEFT's folded lora_B is unfolded with the module's alpha (up = B * rank / alpha).
+  // Shape mismatches throw lt::InputError listing all of them; with `strict`, so do missing and
+  // unexpected modules.
+  LoadReport load_weights(const io::SafetensorsFile& file, bool strict = true);
+
+  // Adds multiplier * delta_weight into each leaf's weight in place (kohya merge_to) and detaches
+  // the adapters; the model then computes the adapted output without them.
+  void merge_to(double multiplier = 1.0);
+  // Merged copies, leaving the model untouched: (peft_name, i.e. "<component>.<module path>",
+  // (W + multiplier * delta) in W's dtype) per module.
+  std::vector<std::pair<std::string, at::Tensor>> merged_weights(double multiplier = 1.0) const;
+
+ private:
+  NetworkConfig config_;
+  std::vector<ComponentSpec> components_;
+  std::vector<LoRAModule> modules_;
+  std::vector<bool> module_is_unet_;
+};
+TORCH_MODULE(LoRANetwork);
+
+// Requires-grad off for every parameter of `module` (the frozen base).
+void freeze(torch::nn::Module& module);
+
+// The last component of a demangled class name without a trailing "Impl":
+// "lt::models::sd::Transformer2DModelImpl" -> "Transformer2DModel".
+std::string module_class_name(const torch::nn::Module& module);
+
+}  // namespace lt::lora

@@ -1,0 +1,362 @@
+#include "loratrain/lora/format.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "loratrain/io/safetensors.h"
+#include "loratrain/util/error.h"
+
+namespace lt::lora {
+
+namespace {
+
+constexpr const char* kDown = ".lora_down.weight";
+constexpr const char* kUp = ".lora_up.weight";
+constexpr const char* kAlpha = ".alpha";
+constexpr const char* kA = ".lora_A.weight";
+constexpr const char* kB = ".lora_B.weight";
+constexpr const char* kAdapterMetadata = "lora_adapter_metadata";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+// Python's str(float) for the values kohya writes: "1.0", "0.5", "16.0".
+std::string float_text(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::abs(v) < 1e15) return fmt::format("{:.1f}", v);
+  return fmt::format("{}", v);
+}
+
+// kohya stems: lora_unet_..., lora_te_..., lora_te1_..., lora_transformer_...; PEFT: first segment.
+std::string component_of(const std::string& stem, LoRAFormat format) {
+  if (format == LoRAFormat::PEFT) return stem.substr(0, stem.find('.'));
+  for (const char* c : {"unet", "te1", "te2", "te3", "te", "transformer"}) {
+    if (starts_with(stem, std::string("lora_") + c + "_")) return c;
+  }
+  return stem.substr(0, stem.find('_', stem.find('_') + 1));
+}
+
+// diffusers' lora_adapter_metadata: {"<component>.lora_alpha": a, "<component>.alpha_pattern": {...}}.
+std::optional<double> peft_alpha(const nlohmann::json& meta, const std::string& stem) {
+  if (!meta.is_object()) return std::nullopt;
+  const size_t dot = stem.find('.');
+  if (dot == std::string::npos) return std::nullopt;
+  const std::string comp = stem.substr(0, dot);
+  const std::string path = stem.substr(dot + 1);
+  auto pattern = meta.find(comp + ".alpha_pattern");
+  if (pattern != meta.end() && pattern->is_object()) {
+    auto it = pattern->find(path);
+    if (it != pattern->end() && it->is_number()) return it->get<double>();
+  }
+  auto alpha = meta.find(comp + ".lora_alpha");
+  if (alpha != meta.end() && alpha->is_number()) return alpha->get<double>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string kohya_name(const std::string& kohya_prefix, const std::string& module_path) {
+  std::string name = kohya_prefix + "." + module_path;
+  std::replace(name.begin(), name.end(), '.', '_');
+  return name;
+}
+
+std::string peft_name(const std::string& peft_prefix, const std::string& module_path) {
+  return peft_prefix + "." + module_path;
+}
+
+std::optional<LoRAFormat> detect_lora_format(const io::SafetensorsFile& file) {
+  bool peft = false;
+  for (const auto& t : file.tensors()) {
+    if (ends_with(t.name, kDown) || ends_with(t.name, kUp)) return LoRAFormat::Kohya;
+    if (ends_with(t.name, kA) || ends_with(t.name, kB)) peft = true;
+  }
+  if (peft) return LoRAFormat::PEFT;
+  return std::nullopt;
+}
+
+std::vector<LoRAFileModule> read_lora_modules(const io::SafetensorsFile& file) {
+  const auto format = detect_lora_format(file);
+  if (!format) {
+    throw InputError(file.path().string() + ": not a LoRA file (no .lora_down/.lora_up or .lora_A/.lora_B weights)");
+  }
+  nlohmann::json adapter_meta;
+  if (auto it = file.metadata().find(kAdapterMetadata); it != file.metadata().end()) {
+    adapter_meta = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  }
+  std::vector<LoRAFileModule> modules;
+  std::map<std::string, size_t> index;
+  auto entry = [&](const std::string& stem) -> LoRAFileModule& {
+    auto [it, inserted] = index.emplace(stem, modules.size());
+    if (inserted) {
+      modules.push_back({});
+      modules.back().stem = stem;
+      modules.back().component = component_of(stem, *format);
+    }
+    return modules[it->second];
+  };
+  const bool kohya = *format == LoRAFormat::Kohya;
+  const std::string down = kohya ? kDown : kA;
+  const std::string up = kohya ? kUp : kB;
+  for (const auto& t : file.tensors()) {
+    if (ends_with(t.name, down)) {
+      entry(t.name.substr(0, t.name.size() - down.size())).down_shape = t.shape;
+    } else if (ends_with(t.name, up)) {
+      entry(t.name.substr(0, t.name.size() - up.size())).up_shape = t.shape;
+    } else if (kohya && ends_with(t.name, kAlpha)) {
+      entry(t.name.substr(0, t.name.size() - std::string(kAlpha).size())).alpha =
+          file.load(t.name, at::kFloat).reshape({}).item<double>();
+    }
+  }
+  if (!kohya) {
+    for (auto& m : modules) m.alpha = peft_alpha(adapter_meta, m.stem);
+  }
+  return modules;
+}
+
+std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFile& file,
+                                                        const std::vector<ComponentSpec>& components) {
+  const auto format = detect_lora_format(file);
+  std::map<std::string, ModuleDims> dims;
+  for (const auto& m : read_lora_modules(file)) {
+    if (m.down_shape.empty()) continue;
+    std::string name;
+    if (*format == LoRAFormat::Kohya) {
+      name = m.stem;
+    } else {
+      for (const auto& c : components) {
+        if (starts_with(m.stem, c.peft_prefix + ".")) name = kohya_name(c.kohya_prefix, m.stem.substr(c.peft_prefix.size() + 1));
+      }
+      if (name.empty()) continue;
+    }
+    const int64_t rank = m.down_shape[0];
+    dims[name] = ModuleDims{rank, m.alpha.value_or(static_cast<double>(rank))};
+  }
+  return dims;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save
+
+std::vector<std::pair<std::string, at::Tensor>> LoRANetworkImpl::state_dict(LoRAFormat format,
+                                                                              at::ScalarType dtype) const {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(modules_.size() * 3);
+  for (const auto& m : modules_) {
+    if (format == LoRAFormat::Kohya) {
+      out.emplace_back(m->lora_name + kDown, m->lora_down.detach().to(dtype));
+      out.emplace_back(m->lora_name + kUp, m->lora_up.detach().to(dtype));
+      out.emplace_back(m->lora_name + kAlpha, torch::full({}, m->alpha, torch::kFloat).to(dtype));
+    } else {
+      // PEFT has no alpha tensor: fold alpha/rank into lora_B (in fp32, before the cast).
+      out.emplace_back(m->peft_name + kA, m->lora_down.detach().to(dtype));
+      out.emplace_back(m->peft_name + kB, (m->lora_up.detach() * m->scale()).to(dtype));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::string> LoRANetworkImpl::network_metadata(LoRAFormat format) const {
+  std::map<std::string, std::string> meta;
+  meta["ss_network_module"] = "networks.lora";
+  meta["ss_network_dim"] = std::to_string(config_.linear);
+  meta["ss_network_alpha"] = float_text(config_.linear_alpha);
+  if (config_.dropout > 0.0) meta["ss_network_dropout"] = float_text(config_.dropout);
+  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  if (config_.conv) {
+    args["conv_dim"] = std::to_string(*config_.conv);
+    args["conv_alpha"] = float_text(config_.conv_alpha.value_or(static_cast<double>(*config_.conv)));
+  }
+  if (!config_.only_if_contains.empty()) args["only_if_contains"] = config_.only_if_contains;
+  if (!config_.ignore_if_contains.empty()) args["ignore_if_contains"] = config_.ignore_if_contains;
+  if (!args.empty()) meta["ss_network_args"] = args.dump();
+  if (format == LoRAFormat::PEFT) {
+    // Folded weights need scale 1 in every tool: lora_alpha = r for every module. diffusers takes
+    // the most common rank as `r` and lists the others in rank_pattern; alpha_pattern mirrors it.
+    nlohmann::ordered_json adapter = nlohmann::ordered_json::object();
+    for (const auto& spec : components_) {
+      std::map<int64_t, size_t> rank_count;
+      std::vector<const LoRAModuleImpl*> mine;
+      for (const auto& m : modules_) {
+        if (starts_with(m->peft_name, spec.peft_prefix + ".")) {
+          mine.push_back(m.get());
+          ++rank_count[m->rank];
+        }
+      }
+      if (mine.empty()) continue;
+      const int64_t common = std::max_element(rank_count.begin(), rank_count.end(), [](auto& a, auto& b) {
+                               return a.second < b.second;
+                             })->first;
+      nlohmann::ordered_json rank_pattern = nlohmann::ordered_json::object();
+      std::vector<std::string> targets;
+      for (const auto* m : mine) {
+        const std::string path = m->peft_name.substr(spec.peft_prefix.size() + 1);
+        targets.push_back(path);
+        if (m->rank != common) rank_pattern[path] = m->rank;
+      }
+      const std::string p = spec.peft_prefix + ".";
+      adapter[p + "r"] = common;
+      adapter[p + "lora_alpha"] = common;
+      adapter[p + "rank_pattern"] = rank_pattern;
+      adapter[p + "alpha_pattern"] = rank_pattern;
+      adapter[p + "target_modules"] = targets;
+      adapter[p + "lora_dropout"] = config_.dropout;
+      adapter[p + "init_lora_weights"] = true;
+      adapter[p + "use_dora"] = false;
+    }
+    meta[kAdapterMetadata] = adapter.dump();
+  }
+  return meta;
+}
+
+void LoRANetworkImpl::save(const std::filesystem::path& path, const SaveOptions& options) const {
+  if (modules_.empty()) throw Error(ExitCode::kRuntime, "LoRA network has no modules to save");
+  std::map<std::string, std::string> meta = options.metadata;
+  for (auto& [k, v] : network_metadata(options.format)) meta[k] = v;
+  io::save_safetensors(path, state_dict(options.format, options.dtype), meta);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load
+
+LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool strict) {
+  LoadReport report;
+  const auto format = detect_lora_format(file);
+  if (!format) throw InputError(file.path().string() + ": not a LoRA file");
+  report.format = *format;
+  const bool kohya = *format == LoRAFormat::Kohya;
+  std::map<std::string, LoRAFileModule> by_stem;
+  for (auto& m : read_lora_modules(file)) by_stem.emplace(m.stem, m);
+
+  std::vector<std::string> mismatched;
+  std::vector<std::pair<LoRAModuleImpl*, const LoRAFileModule*>> matches;
+  std::set<std::string> used;
+  for (auto& m : modules_) {
+    const std::string& stem = kohya ? m->lora_name : m->peft_name;
+    auto it = by_stem.find(stem);
+    if (it == by_stem.end()) {
+      report.missing.push_back(stem);
+      continue;
+    }
+    used.insert(stem);
+    const auto& f = it->second;
+    if (f.down_shape != m->lora_down.sizes().vec() || f.up_shape != m->lora_up.sizes().vec()) {
+      mismatched.push_back(stem + ": file down " + c10::str(at::IntArrayRef(f.down_shape)) + " up " +
+                           c10::str(at::IntArrayRef(f.up_shape)) + ", network down " + c10::str(m->lora_down.sizes()) +
+                           " up " + c10::str(m->lora_up.sizes()));
+      continue;
+    }
+    matches.emplace_back(m.get(), &f);
+  }
+  for (const auto& [stem, f] : by_stem) {
+    if (!used.count(stem)) report.unexpected.push_back(stem);
+  }
+  const bool fail = !mismatched.empty() || (strict && (!report.missing.empty() || !report.unexpected.empty()));
+  if (fail) {
+    std::string msg = file.path().string() + " does not match the LoRA network:";
+    auto list = [&msg](const char* what, const std::vector<std::string>& items) {
+      if (items.empty()) return;
+      msg += fmt::format("\n  {} {}:", items.size(), what);
+      for (size_t i = 0; i < items.size() && i < 10; ++i) msg += "\n    " + items[i];
+      if (items.size() > 10) msg += fmt::format("\n    ... and {} more", items.size() - 10);
+    };
+    list("with different shapes", mismatched);
+    if (strict) {
+      list("network modules missing from the file", report.missing);
+      list("file modules the network does not have", report.unexpected);
+    }
+    throw InputError(msg);
+  }
+  torch::NoGradGuard no_grad;
+  const std::string down = kohya ? kDown : kA;
+  const std::string up = kohya ? kUp : kB;
+  for (auto [m, f] : matches) {
+    m->lora_down.copy_(file.load(f->stem + down, at::kFloat).to(m->lora_down.device()));
+    at::Tensor u = file.load(f->stem + up, at::kFloat).to(m->lora_up.device());
+    if (kohya) {
+      if (f->alpha) m->alpha = *f->alpha;
+    } else {
+      // Unfold: the file means (alpha_file / rank) * B; this module applies scale() * up.
+      const double file_scale = f->alpha.value_or(static_cast<double>(m->rank)) / static_cast<double>(m->rank);
+      const double factor = file_scale / m->scale();
+      if (factor != 1.0) u = u * factor;
+    }
+    m->lora_up.copy_(u);
+    ++report.loaded;
+  }
+  return report;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inspect
+
+LoRAFileInfo inspect_lora(const io::SafetensorsFile& file) {
+  LoRAFileInfo info;
+  const auto modules = read_lora_modules(file);  // throws when the file is not a LoRA
+  info.format = *detect_lora_format(file);
+  std::set<std::string> dtypes;
+  for (const auto& t : file.tensors()) {
+    if (ends_with(t.name, ".weight") && t.name.find(".lora_") != std::string::npos) dtypes.insert(io::dtype_name(t.dtype));
+  }
+  info.dtype = dtypes.size() == 1 ? *dtypes.begin() : (dtypes.empty() ? "" : "mixed");
+  for (const auto& m : modules) {
+    if (m.down_shape.empty() || m.up_shape.empty()) {
+      info.problems.push_back(m.stem + ": " + (m.down_shape.empty() ? "no down/A weight" : "no up/B weight"));
+      continue;
+    }
+    const int64_t rank = m.down_shape[0];
+    if (m.up_shape.size() < 2 || m.up_shape[1] != rank) {
+      info.problems.push_back(fmt::format("{}: rank mismatch (down {}, up {})", m.stem, rank,
+                                          m.up_shape.size() >= 2 ? m.up_shape[1] : -1));
+    }
+    ++info.modules;
+    ++info.modules_by_component[m.component];
+    ++info.ranks[rank];
+    if (m.alpha) {
+      ++info.alphas[*m.alpha];
+    } else {
+      ++info.modules_without_alpha;
+    }
+    if (m.down_shape.size() == 4 && (m.down_shape[2] > 1 || m.down_shape[3] > 1)) ++info.conv_modules;
+  }
+  for (const auto& [k, v] : file.metadata()) {
+    if (starts_with(k, "ss_") || starts_with(k, "modelspec.")) info.training[k] = v;
+  }
+  return info;
+}
+
+std::string describe(const LoRAFileInfo& info) {
+  auto counts = [](const auto& map, auto fmt_key) {
+    std::string s;
+    for (const auto& [k, n] : map) s += (s.empty() ? "" : ", ") + fmt_key(k) + " (" + std::to_string(n) + ")";
+    return s;
+  };
+  std::string out = fmt::format("LoRA, {} format: {} modules", info.format == LoRAFormat::Kohya ? "kohya" : "PEFT/diffusers",
+                                info.modules);
+  out += " [" + counts(info.modules_by_component, [](const std::string& k) { return k; }) + "]";
+  if (!info.dtype.empty()) out += ", " + info.dtype;
+  out += "\n  rank: " + counts(info.ranks, [](int64_t k) { return std::to_string(k); });
+  if (!info.alphas.empty()) out += "\n  alpha: " + counts(info.alphas, [](double k) { return float_text(k); });
+  if (info.modules_without_alpha > 0) {
+    out += fmt::format("\n  {} module(s) without alpha{}", info.modules_without_alpha,
+                       info.format == LoRAFormat::Kohya ? " (ComfyUI/A1111 then use scale 1.0, diffusers differs)"
+                                                        : " (alpha folded into lora_B or PEFT default)");
+  }
+  if (info.conv_modules > 0) out += fmt::format("\n  conv (LoCon) modules: {}", info.conv_modules);
+  for (const char* key : {"ss_base_model_version", "ss_output_name", "ss_steps", "ss_learning_rate", "ss_optimizer",
+                          "ss_training_started_at"}) {
+    auto it = info.training.find(key);
+    if (it != info.training.end()) out += fmt::format("\n  {}: {}", key, it->second);
+  }
+  for (const auto& p : info.problems) out += "\n  problem: " + p;
+  return out;
+}
+
+}  // namespace lt::lora
