@@ -173,6 +173,17 @@ std::vector<std::string> utf8_chars(const std::string& s) {
   return out;
 }
 
+// vocab.json text with tokens in the given (id) order; written directly because an ordered JSON
+// object looks keys up linearly, which is quadratic for a 49408-token vocabulary.
+std::string vocab_json_text(const std::vector<std::pair<std::string, int64_t>>& tokens) {
+  std::string out = "{";
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    out += i == 0 ? "\n " : ",\n ";
+    out += nlohmann::json(tokens[i].first).dump() + ": " + std::to_string(tokens[i].second);
+  }
+  return out + "\n}\n";
+}
+
 std::string byte_encode(const std::string& utf8) {
   const auto& t = byte_tables();
   std::string out;
@@ -502,11 +513,12 @@ void CLIPTokenizer::save_vocabulary(const std::filesystem::path& folder) const {
   by_id.reserve(encoder_.size());
   for (const auto& [token, id] : encoder_) by_id.emplace_back(id, token);
   std::sort(by_id.begin(), by_id.end());
-  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
-  for (const auto& [id, token] : by_id) vocab[token] = id;
+  std::vector<std::pair<std::string, int64_t>> tokens;
+  tokens.reserve(by_id.size());
+  for (const auto& [id, token] : by_id) tokens.emplace_back(token, id);
   std::string merges_text = "#version: 0.2\n";
   for (const auto& [a, b] : merges_) merges_text += a + " " + b + "\n";
-  write_file_atomic(folder / "vocab.json", vocab.dump(1) + "\n");
+  write_file_atomic(folder / "vocab.json", vocab_json_text(tokens));
   write_file_atomic(folder / "merges.txt", merges_text);
 }
 
@@ -557,10 +569,13 @@ CLIPTokenizer load_clip_tokenizer(const std::filesystem::path& path) {
 void write_demo_vocabulary(const std::filesystem::path& folder, const std::vector<std::string>& words) {
   std::filesystem::create_directories(folder);
   const auto& t = byte_tables();
-  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
-  int64_t id = 0;
-  for (uint8_t b : t.order) vocab[t.byte_to_utf8[b]] = id++;
-  for (uint8_t b : t.order) vocab[t.byte_to_utf8[b] + kEndOfWord] = id++;
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  std::unordered_map<std::string, int64_t> known;
+  auto add = [&vocab, &known](const std::string& token) {
+    if (known.emplace(token, static_cast<int64_t>(vocab.size())).second) vocab.emplace_back(token, vocab.size());
+  };
+  for (uint8_t b : t.order) add(t.byte_to_utf8[b]);
+  for (uint8_t b : t.order) add(t.byte_to_utf8[b] + kEndOfWord);
 
   // Each word's merges are learnt against the merges so far: its chain joins the symbols that the
   // earlier merges leave, left to right, so the new (higher-ranked) merges never change how an
@@ -575,19 +590,19 @@ void write_demo_vocabulary(const std::filesystem::path& folder, const std::vecto
         if (std::find(merges.begin(), merges.end(), m) != merges.end()) break;
         merges.push_back(m);
         const std::string joined = m.first + m.second;
-        if (!vocab.contains(joined)) vocab[joined] = id++;
+        add(joined);
         symbols.erase(symbols.begin());
         symbols[0] = joined;
       }
       current = CLIPTokenizer(std::unordered_map<std::string, int64_t>(), merges);
     }
   }
-  vocab["<|startoftext|>"] = id++;
-  vocab["<|endoftext|>"] = id++;
+  add("<|startoftext|>");
+  add("<|endoftext|>");
 
   std::string merges_text = "#version: 0.2\n";
   for (const auto& [a, b] : merges) merges_text += a + " " + b + "\n";
-  write_file_atomic(folder / "vocab.json", vocab.dump(1) + "\n");
+  write_file_atomic(folder / "vocab.json", vocab_json_text(vocab));
   write_file_atomic(folder / "merges.txt", merges_text);
 }
 
