@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,12 @@ struct Pass {
 };
 
 using Runner = std::function<std::vector<Pass>(const Case&)>;
+
+// Thrown by a runner whose case cannot run on this machine (e.g. it needs the CLIP vocabulary, which
+// is kept outside the project): the case is reported as skipped, with the message.
+struct SkipCase : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 void register_runner(const std::string& class_name, Runner runner);
 const Runner* find_runner(const std::string& class_name);

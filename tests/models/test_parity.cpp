@@ -84,7 +84,14 @@ CATCH_TEST_CASE("parity: every case under the parity root matches its reference 
       // meta.json may state a numeric relative tolerance; the documented default otherwise.
       const double rel = c.meta.contains("tolerance") && c.meta["tolerance"].is_number() ? c.meta["tolerance"].get<double>()
                                                                                           : 1e-4;
-      std::vector<Pass> passes = (*runner)(c);
+      std::vector<Pass> passes;
+      try {
+        passes = (*runner)(c);
+      } catch (const SkipCase& e) {
+        ++skipped;
+        CATCH_WARN("SKIPPED parity case " << c.name << ": " << e.what());
+        continue;
+      }
       CATCH_CHECK(!passes.empty());
       ok = ok && !passes.empty();
       for (const auto& pass : passes) {
@@ -105,11 +112,15 @@ CATCH_TEST_CASE("parity: every case under the parity root matches its reference 
             ok = false;
             continue;
           }
+          // Integer outputs (token ids, masks) must match exactly.
+          const std::string dtype = io::dtype_name(info.dtype);
+          const bool exact = dtype[0] == 'I' || dtype[0] == 'U' || dtype == "BOOL";
           const double scale = std::max(1.0, expected.abs().max().item<double>());
+          const double tolerance = exact ? 0.0 : rel * scale;
           const double diff = (got - expected).abs().max().item<double>();
-          CATCH_INFO("max|diff| = " << diff << ", tolerance " << rel * scale);
-          CATCH_CHECK(diff <= rel * scale);
-          ok = ok && diff <= rel * scale;
+          CATCH_INFO("max|diff| = " << diff << ", tolerance " << tolerance);
+          CATCH_CHECK(diff <= tolerance);
+          ok = ok && diff <= tolerance;
           ++compared;
         }
         CATCH_CHECK(compared > 0);

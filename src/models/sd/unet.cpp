@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -251,6 +252,15 @@ int64_t conventional_heads(int64_t channels, int64_t cross_attention_dim) {
 
 }  // namespace
 
+int64_t conventional_groups(const std::vector<int64_t>& channels) {
+  int64_t groups = 32;
+  auto divides_all = [&](int64_t g) {
+    return std::all_of(channels.begin(), channels.end(), [g](int64_t c) { return c % g == 0; });
+  };
+  while (groups > 1 && !divides_all(groups)) groups /= 2;
+  return groups;
+}
+
 UNetConfig UNetConfig::detect_from_weights(const io::SafetensorsFile& file, const std::string& prefix) {
   const auto s = shapes_under(file, prefix);
   auto shape = [&](const std::string& key) -> const std::vector<int64_t>& {
@@ -360,6 +370,7 @@ UNetConfig UNetConfig::detect_from_weights(const io::SafetensorsFile& file, cons
   c.attention_head_dim.clear();
   for (size_t i = 0; i < n; ++i) c.attention_head_dim.push_back(conventional_heads(c.block_out_channels[i], cross_dim));
   if (c.addition_embed_type) c.addition_time_embed_dim = 256;
+  c.norm_num_groups = conventional_groups(c.block_out_channels);
   validate(c);
   return c;
 }

@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "loratrain/models/sd/unet.h"
 #include "loratrain/util/error.h"
 
 namespace lt::models::sd {
@@ -151,6 +152,7 @@ VAEConfig VAEConfig::detect_from_weights(const io::SafetensorsFile& file, const 
   c.use_quant_conv = s.count("quant_conv.weight") != 0;
   c.use_post_quant_conv = s.count("post_quant_conv.weight") != 0;
   c.mid_block_add_attention = has_prefix(ldm ? "encoder.mid.attn_1." : "encoder.mid_block.attentions.0.");
+  c.norm_num_groups = conventional_groups(c.block_out_channels);
   if (c.latent_channels == 16) {
     c.scaling_factor = 0.3611;  // Flux.1
     c.shift_factor = 0.1159;

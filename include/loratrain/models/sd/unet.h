@@ -66,7 +66,7 @@ struct UNetConfig {
   // Infers the config from tensor names and shapes, in diffusers naming (keys `prefix` + conv_in...)
   // or LDM naming (`prefix` + input_blocks...; pass "model.diffusion_model."). Values that weights do
   // not carry follow the family convention: 8 heads when cross_attention_dim is 768 (SD1), else
-  // channels/64 heads (SD2, SDXL); norm_num_groups 32; upcast_attention false.
+  // channels/64 heads (SD2, SDXL); conventional_groups(); upcast_attention false.
   static UNetConfig detect_from_weights(const io::SafetensorsFile& file, const std::string& prefix);
   nlohmann::json to_json() const;
 
@@ -86,6 +86,10 @@ class TimestepEmbeddingImpl : public torch::nn::Module {
   Linear linear_2{nullptr};
 };
 TORCH_MODULE(TimestepEmbedding);
+
+// GroupNorm groups are not stored in weights: 32 (every released SD model), or the largest power of
+// two dividing all `channels` for narrower test-sized models.
+int64_t conventional_groups(const std::vector<int64_t>& channels);
 
 // diffusers get_timestep_embedding (max_period 10000, scale 1): timesteps [N] -> [N, dim] fp32.
 at::Tensor timestep_embedding(const at::Tensor& timesteps, int64_t dim, bool flip_sin_to_cos,
