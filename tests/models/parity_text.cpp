@@ -32,7 +32,9 @@ std::vector<Pass> run_clip(const Case& c, bool projection) {
   Model model(CLIPTextConfig::from_json(c.config, (c.dir / "config.json").string()));
   model->eval();
   load_state_dict(*model, *c.open("weights.safetensors"), clip_text_load_options());
-  return {{"weights.safetensors", clip_outputs(model->forward(c.input("in.input_ids"), true), projection)}};
+  std::optional<at::Tensor> mask;
+  if (c.has_input("in.attention_mask")) mask = c.input("in.attention_mask");
+  return {{"weights.safetensors", clip_outputs(model->forward(c.input("in.input_ids"), true, mask), projection)}};
 }
 
 const RunnerRegistrar clip_text_runner("CLIPTextModel",
