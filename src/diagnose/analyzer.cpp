@@ -457,6 +457,9 @@ struct Guard {
   std::optional<int> bucket;
   bool exhausted = false;
   bool environment = false;
+  bool oom = false;               // an "OOM in phase" / "ladder exhausted" line (not just a warning)
+  bool host = false;              // "host RAM exhausted"
+  std::string classification;     // the guard's own playbook class after the dash
   std::vector<std::string> actions;  // actions the guard already applied (bounded)
   Marker line;
 };
@@ -622,6 +625,10 @@ void add_bucket(Settings& s, int w, int h) {
   if (!s.max_resolution || side > *s.max_resolution) s.max_resolution = side;
 }
 
+bool printable_ascii(const std::string& t) {
+  return std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7F; });
+}
+
 void handle_setting(State& st, int id, std::string_view low, size_t pos, size_t end) {
   // Whole-word keys only: "vae_batch_size" is not "batch_size", "quantize_te" is not "quantize".
   if (pos > 0 && is_word(low[pos - 1]) && id != kSetUse8bitAdam) return;
@@ -652,11 +659,13 @@ void handle_setting(State& st, int id, std::string_view low, size_t pos, size_t 
       if (auto n = max_int(v); n && *n >= 1 && *n <= 10000) s.num_frames = std::max(s.num_frames.value_or(0), *n);
       break;
     case kSetPrecision:
-      if (!v.token.empty() && v.token != "list" && v.token.size() < 24 && std::isalpha(static_cast<unsigned char>(v.token[0])))
+      if (!v.token.empty() && v.token != "list" && v.token.size() < 24 && std::isalpha(static_cast<unsigned char>(v.token[0])) &&
+          printable_ascii(v.token))
         s.precision = v.token;
       break;
     case kSetOptimizer:
-      if (!v.token.empty() && v.token != "list" && v.token.size() < 48 && std::isalpha(static_cast<unsigned char>(v.token[0])))
+      if (!v.token.empty() && v.token != "list" && v.token.size() < 48 && std::isalpha(static_cast<unsigned char>(v.token[0])) &&
+          printable_ascii(v.token))
         s.optimizer = v.token;
       break;
     case kSetLowVram:
@@ -901,8 +910,24 @@ void handle_mem(State& st, std::string_view low, std::string_view text) {
 
 void handle_guard(State& st, std::string_view text, std::string_view low, int64_t line) {
   Guard& g = st.guard;
+  bool failure = contains(low, "oom in phase") || contains(low, "ladder exhausted") || contains(low, "give up") ||
+                 contains(low, "host ram exhausted") || contains(low, "oom-guard: environment");
+  if (!failure) {
+    // "only X of Y is free at start": memory held by something else before the run began.
+    if (contains(low, "is free at start")) g.environment = true;
+    return;
+  }
   g.seen = true;
+  if (contains(low, "host ram exhausted")) g.host = true;
+  else g.oom = true;
   set_marker(g.line, st.seq, line, text);
+  // "oom-guard: OOM in phase train_step(step 3, bucket 512x512, batch 4) — early_steps; action: ..."
+  size_t dash = low.find("\xe2\x80\x94 ");
+  if (dash != std::string_view::npos) {
+    size_t q = dash + 4, e = q;
+    while (e < low.size() && is_word(low[e])) ++e;
+    g.classification = std::string(low.substr(q, e - q));
+  }
   size_t p = low.find("phase ");
   if (p != std::string_view::npos) {
     size_t q = p + 6;
@@ -915,16 +940,18 @@ void handle_guard(State& st, std::string_view text, std::string_view low, int64_
     if (k == std::string_view::npos) return std::nullopt;
     return int_after(low, k + key.size(), 4);
   };
-  if (auto s = num_after("step ")) g.step = *s;
-  if (auto b = num_after("batch ")) g.batch = static_cast<int>(*b);
-  if (auto f = num_after("frames ")) g.frames = static_cast<int>(*f);
+  // describe() prints step 0 / bucket 0x0 / batch 0 outside training steps: those are "unknown".
+  if (auto s = num_after("step "); s && *s >= 1) g.step = *s;
+  if (auto b = num_after("batch "); b && *b >= 1) g.batch = static_cast<int>(*b);
+  if (auto f = num_after("frames "); f && *f >= 1) g.frames = static_cast<int>(*f);
   size_t bk = low.find("bucket ");
   if (bk != std::string_view::npos) {
     auto w = int_after(low, bk + 7, 3);
     size_t x = low.find('x', bk + 7);
     if (w && x != std::string_view::npos) {
       auto h = int_after(low, x + 1, 2);
-      g.bucket = static_cast<int>(std::max<int64_t>(*w, h.value_or(0)));
+      int side = static_cast<int>(std::max<int64_t>(*w, h.value_or(0)));
+      if (side >= 64) g.bucket = side;
     }
   }
   if (contains(low, "ladder exhausted")) g.exhausted = true;
@@ -1218,7 +1245,10 @@ void LogAnalyzer::feed(const LogLine& line) {
         set_marker(st.act.markers[(n && *n == 0) ? kMarkBaseline : kMarkSample], st.seq, line.number, text);
         break;
       }
-      case K::kGuard: handle_guard(st, text, lowv, line.number); break;
+      case K::kGuard:
+        handle_guard(st, text, lowv, line.number);
+        if (contains(lowv, "host ram exhausted")) line_cause[static_cast<int>(Cause::kHostOom)] = true;
+        break;
       case K::kMem: mem_line = true; break;
       case K::kTrainer:
         if (!st.seen_pattern[hits[h].id]) {
@@ -1382,15 +1412,6 @@ const Marker* marker_for(const Activity& a, Stage s) {
   }
 }
 
-Phase guard_phase(const std::string& p) {
-  if (p == "load" || p == "cache") return Phase::kLoad;
-  if (p == "baseline_sample") return Phase::kBaselineSample;
-  if (p == "sample") return Phase::kSampling;
-  if (p == "train_step" || p == "save") return Phase::kEarlySteps;  // refined by step below
-  if (p == "environment") return Phase::kEnvironment;
-  return Phase::kUnknown;
-}
-
 Stage guard_stage(const std::string& p) {
   if (p == "load") return Stage::kModelLoad;
   if (p == "cache") return Stage::kCaching;
@@ -1454,7 +1475,7 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
     if (st.oom_recovered_only && other_seq > st.last_oom_recovered_seq) oom_wins = false;
     // A NaN warning long before the OOM does not beat it; a host kill after a recovered OOM does.
   }
-  if (st.guard.seen && !oom_present) {
+  if (st.guard.oom && !oom_present) {
     oom_present = true;
     oom_wins = true;
   }
@@ -1521,7 +1542,8 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
   Stage from_markers = stage_from_activity(*act, &marker_seq);
   Stage stage = Stage::kUnknown;
   double pconf = 0.3;
-  if (st.guard.seen && !st.guard.phase.empty()) {
+  const bool guard_oom = st.guard.oom && d.oom;
+  if (guard_oom && !st.guard.phase.empty()) {
     stage = guard_stage(st.guard.phase);
     pconf = 0.99;
   } else if (strong) {
@@ -1543,13 +1565,13 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
   // Training progress tells the step.
   int64_t completed = act->completed;
   std::optional<int64_t> step;
-  if (st.guard.seen && st.guard.step) step = *st.guard.step;
+  if (guard_oom && st.guard.step && (stage == Stage::kTrainingStep || stage == Stage::kSaving)) step = *st.guard.step;
   else if (stage == Stage::kTrainingStep || stage == Stage::kSaving) {
     if (completed >= 0) step = completed + 1;
     else if (stage == Stage::kTrainingStep) step = 1;  // training began, no step finished
   }
   // A "sampling" that happens before any training step is the baseline sample.
-  if (stage == Stage::kSampling && !(st.guard.seen) && (completed <= 0) &&
+  if (stage == Stage::kSampling && !guard_oom && (completed <= 0) &&
       (act->sample_at_step <= 0 || act->markers[kMarkBaseline].seq >= act->markers[kMarkSample].seq))
     stage = Stage::kBaselineSample;
 
@@ -1573,7 +1595,17 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
       pconf = 0.3;
       break;
   }
-  if (st.guard.seen && guard_phase(st.guard.phase) == Phase::kEnvironment) phase = Phase::kEnvironment;
+  // The guard classified the failure itself (memory/classify.cpp): its class is authoritative.
+  if (guard_oom) {
+    const std::string& c = st.guard.classification;
+    if (c == "environment") phase = Phase::kEnvironment;
+    else if (c == "sometimes") phase = Phase::kLaterSteps;
+    else if (c == "early_steps") phase = Phase::kEarlySteps;
+    else if (c == "video_spike") phase = Phase::kVideoSpike;
+    else if (c == "sampling") phase = stage == Stage::kBaselineSample ? Phase::kBaselineSample : Phase::kSampling;
+    else if (c == "load") phase = stage == Stage::kBaselineSample ? Phase::kBaselineSample : Phase::kLoad;
+    else if (c == "fragmentation") d.memory.fragmentation = true;
+  }
 
   // Environment (playbook §2 E, §4): the GPU is full of something other than this run's tensors.
   if (d.oom) {

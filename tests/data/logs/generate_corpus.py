@@ -747,17 +747,30 @@ case("lora_train_guard_exhausted",
       "[info] config: configs/sdxl_lora.yaml (model sdxl, rank 16, batch 4, resolution [512, 768, 1024])",
       "[info] phase load: UNet, text encoders, VAE",
       "step 1/2000 | loss 0.1234 | lr 1.0e-04 | 2.1 s/it | mem 14.2/15.1 GiB",
-      "oom-guard: OOM in phase train_step(step 2, bucket 1024x1024, batch 4) tried 2.00 GiB, free 1.10 GiB; action: enable gradient_checkpointing",
-      "oom-guard: OOM in phase train_step(step 2, bucket 1024x1024, batch 4) tried 1.50 GiB, free 0.90 GiB; action: batch_size 4 -> 1 (gradient_accumulation_steps 4)",
-      "oom-guard: OOM in phase train_step(step 2, bucket 1024x1024, batch 1) tried 1.20 GiB, free 0.40 GiB; action: remove bucket 1024",
-      "oom-guard: ladder exhausted in phase train_step(step 2, bucket 768x768, batch 1); fixed config written to output/fixed.yaml"],
+      "[warning] oom-guard: OOM in phase train_step(step 2, bucket 1024x1024, batch 4) \u2014 early_steps; action: enable gradient_checkpointing",
+      "[warning] oom-guard: OOM in phase train_step(step 2, bucket 1024x1024, batch 4) \u2014 early_steps; action: batch_size 4 -> 1, gradient_accumulation_steps 1 -> 4",
+      "[warning] oom-guard: OOM in phase train_step(step 2, bucket 1024x1024, batch 1) \u2014 early_steps; action: remove the largest bucket 1024",
+      "[error] oom-guard: OOM in phase train_step(step 2, bucket 768x768, batch 1) \u2014 early_steps; action: give up: 3 OOM recoveries in this run (guard max_attempts); settings: batch 1, checkpointing on, resolution [512, 768]"],
      {"oom": True, "cause": "gpu_oom", "phase": "early_steps", "step": 2, "trainer": "lora_train", "model_family": "sdxl"})
 
 case("lora_train_guard_baseline",
      ["lora-train run configs/flux_lora.yaml",
-      "oom-guard: OOM in phase baseline_sample tried 3.00 GiB, free 0.50 GiB; action: skip_first_sample"],
-     {"oom": True, "cause": "gpu_oom", "phase": "baseline_sample", "trainer": "lora_train", "model_family": "flux",
-      "first_fix": "skip_baseline_sample"})
+      "[warning] oom-guard: only 6.20 GiB of 23.99 GiB is free at start on cuda:0: 17.10 GiB is held by something else (another process, a dirty worker); borderline settings may not fit",
+      "[warning] oom-guard: OOM in phase baseline_sample(step 0, bucket 0x0, batch 0) \u2014 load; action: skip the baseline sample (train.skip_first_sample: true)"],
+     {"oom": True, "cause": "gpu_oom", "phase": "environment", "trainer": "lora_train", "model_family": "flux",
+      "first_fix": "free_gpu"})
+
+case("lora_train_guard_sometimes_fragmentation",
+     ["lora-train run configs/wan_lora.yaml",
+      "step 400/2000 | loss 0.0912 | lr 1.0e-04 | 9.1 s/it | mem 20.2/23.1 GiB",
+      "[warning] oom-guard: OOM in phase train_step(step 412, bucket 832x480, batch 1) \u2014 fragmentation; action: empty cache and retry the step",
+      "[warning] oom-guard: OOM in phase train_step(step 413, bucket 832x480, batch 1) \u2014 sometimes; action: remove the largest bucket 832"],
+     {"oom": True, "cause": "gpu_oom", "phase": "later_steps", "step": 413, "trainer": "lora_train", "model_family": "wan"})
+
+case("lora_train_guard_host_ram",
+     ["lora-train run configs/flux_lora.yaml",
+      "[error] oom-guard: host RAM exhausted in phase cache(step 0, bucket 0x0, batch 0); action: give up: host RAM is exhausted, not device memory (std::bad_alloc); cache latents to disk, use fewer data workers or a machine with more RAM"],
+     {"oom": False, "cause": "host_oom", "phase": "load", "trainer": "lora_train"})
 
 # ------------------------------------------------------------------------------------------------
 # Look-alikes and edge cases
