@@ -11,6 +11,7 @@
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/models/layers.h"
+#include "loratrain/models/sd/unet.h"
 #include "loratrain/models/text/clip.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/util/error.h"
@@ -27,7 +28,6 @@ namespace mock {
 #define LT_MOCK_MODULE(Name)                    \
   struct Name##Impl : torch::nn::Module {};     \
   TORCH_MODULE(Name)
-LT_MOCK_MODULE(UNet2DConditionModel);
 LT_MOCK_MODULE(Block);
 LT_MOCK_MODULE(Transformer2DModel);
 LT_MOCK_MODULE(BasicTransformerBlock);
@@ -83,61 +83,18 @@ mock::ResnetBlock2D resnet(int64_t in, int64_t out, int64_t temb) {
   return r;
 }
 
-// The SD1.5 UNet topology (diffusers' default UNet2DConditionModel: CrossAttnDownBlock2D x3 +
-// DownBlock2D, UNetMidBlock2DCrossAttn, UpBlock2D + CrossAttnUpBlock2D x3, two resnets per down
-// block and three per up block) with tiny widths: module names equal the full-size model's.
-mock::UNet2DConditionModel sd15_unet_tree() {
-  const std::vector<int64_t> ch = {8, 16, 32, 32};
-  const int64_t temb = 16;
-  mock::UNet2DConditionModel unet;
-  unet->register_module("conv_in", Conv2d(4, ch[0], 3, 1, 1));
-  torch::nn::ModuleList down;
-  int64_t prev = ch[0];
-  for (int i = 0; i < 4; ++i) {
-    mock::Block blk;
-    blk->register_module("resnets", list_of({resnet(prev, ch[i], temb).ptr(), resnet(ch[i], ch[i], temb).ptr()}));
-    if (i < 3) {
-      blk->register_module("attentions", list_of({transformer(ch[i]).ptr(), transformer(ch[i]).ptr()}));
-      mock::Downsample2D ds;
-      ds->register_module("conv", Conv2d(ch[i], ch[i], 3, 2, 1));
-      blk->register_module("downsamplers", list_of({ds.ptr()}));
-    }
-    down->push_back(blk);
-    prev = ch[i];
-  }
-  unet->register_module("down_blocks", down);
-  mock::Block mid;
-  mid->register_module("attentions", list_of({transformer(ch[3]).ptr()}));
-  mid->register_module("resnets", list_of({resnet(ch[3], ch[3], temb).ptr(), resnet(ch[3], ch[3], temb).ptr()}));
-  unet->register_module("mid_block", mid);
-  torch::nn::ModuleList up;
-  const std::vector<int64_t> rc = {ch[3], ch[2], ch[1], ch[0]};
-  int64_t prev_out = ch[3];
-  for (int i = 0; i < 4; ++i) {
-    const int64_t out = rc[i];
-    const int64_t input = rc[std::min(i + 1, 3)];
-    mock::Block blk;
-    std::vector<std::shared_ptr<torch::nn::Module>> res, att;
-    for (int j = 0; j < 3; ++j) {
-      const int64_t skip = j == 2 ? input : out;
-      const int64_t in = (j == 0 ? prev_out : out) + skip;
-      res.push_back(resnet(in, out, temb).ptr());
-      if (i > 0) att.push_back(transformer(out).ptr());
-    }
-    blk->register_module("resnets", list_of(res));
-    if (i > 0) blk->register_module("attentions", list_of(att));
-    if (i < 3) {
-      mock::Upsample2D us;
-      us->register_module("conv", Conv2d(out, out, 3, 1, 1));
-      blk->register_module("upsamplers", list_of({us.ptr()}));
-    }
-    up->push_back(blk);
-    prev_out = out;
-  }
-  unet->register_module("up_blocks", up);
-  unet->register_module("conv_out", Conv2d(ch[0], 4, 3, 1, 1));
-  return unet;
+// The real SD1.5 UNet (diffusers' default UNet2DConditionModel config) with tiny widths: the
+// module tree, hence every name, equals the full-size model's (test_lora_slow checks that one).
+lt::models::sd::UNetConfig tiny_sd15_config() {
+  auto c = lt::models::sd::UNetConfig::sd15();
+  c.block_out_channels = {8, 16, 32, 32};
+  c.norm_num_groups = 4;
+  c.cross_attention_dim = std::vector<int64_t>(4, 16);
+  c.attention_head_dim = std::vector<int64_t>(4, 2);
+  return c;
 }
+
+lt::models::sd::UNet2DConditionModel sd15_unet_tree() { return lt::models::sd::UNet2DConditionModel(tiny_sd15_config()); }
 
 // kohya's 192 UNet module names for SD1.5, written out from its rules (not from our walker).
 std::set<std::string> kohya_sd15_unet_names() {
@@ -275,7 +232,7 @@ CATCH_TEST_CASE("SD1.5 UNet with conv rank: LoCon adds kohya's resnet and sample
   std::map<std::string, const LoRAModuleImpl*> by_name;
   for (const auto& m : net->modules()) by_name[m->lora_name] = m.get();
   const auto* conv1 = by_name.at("lora_unet_down_blocks_0_resnets_0_conv1");
-  CATCH_CHECK(conv1->lora_down.sizes() == torch::IntArrayRef({4, 8, 3, 3}));  // conv rank
+  CATCH_CHECK(conv1->lora_down.sizes() == torch::IntArrayRef({4, 8, 3, 3}));  // conv rank, 8 channels
   CATCH_CHECK(conv1->lora_up.sizes() == torch::IntArrayRef({8, 4, 1, 1}));
   CATCH_CHECK(by_name.at("lora_unet_up_blocks_0_resnets_2_time_emb_proj")->rank == 8);  // Linear: linear rank
   CATCH_CHECK(by_name.at("lora_unet_up_blocks_0_resnets_2_conv_shortcut")->rank == 8);  // 1x1: linear rank
@@ -667,4 +624,47 @@ CATCH_TEST_CASE("inspect describes kohya and PEFT files and finds problems", "[l
   CATCH_CHECK(bad.modules_without_alpha == 1);
   lt::io::save_safetensors(dir / "model.safetensors", {{"model.diffusion_model.x.weight", torch::zeros({2})}});
   CATCH_CHECK_THROWS_AS(inspect_lora(*lt::io::SafetensorsFile::open(dir / "model.safetensors")), lt::InputError);
+}
+
+CATCH_TEST_CASE("SD1.5 UNet + CLIP: a saved LoRA merged into the base reproduces the adapter model", "[lora][merge][e2e]") {
+  using lt::models::sd::UNet2DConditionModel;
+  torch::manual_seed(20);
+  UNet2DConditionModel unet(tiny_sd15_config());
+  lt::models::CLIPTextModel te(tiny_clip_config());
+  NetworkConfig cfg;
+  cfg.linear = 4;
+  cfg.linear_alpha = 2.0;
+  cfg.conv = 2;
+  cfg.train_text_encoder = true;
+  LoRANetwork net(cfg);
+  net->add_component(ComponentSpec::text_encoder(0), *te);
+  net->add_component(ComponentSpec::sd_unet(), *unet);
+  randomize_up(net, 21);
+  net->apply_to();
+  torch::Tensor ids = torch::tensor({{0, 5, 9, 2, 1, 1}}, torch::kLong);
+  torch::Tensor sample = torch::randn({1, 4, 8, 8});
+  torch::Tensor t = torch::tensor({500}, torch::kLong);
+  auto run = [&](lt::models::CLIPTextModel& text, UNet2DConditionModel& u) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor context = text->forward(ids).last_hidden_state;  // [1, 6, 16]
+    return u->forward(sample, t, context);
+  };
+  const torch::Tensor adapted = run(te, unet);
+  net->remove();
+  CATCH_CHECK((run(te, unet) - adapted).abs().max().item<float>() > 1e-4f);
+
+  const auto dir = scratch_dir("lora_sd15");
+  SaveOptions opts;
+  opts.dtype = torch::kFloat;
+  net->save(dir / "sd15.safetensors", opts);
+  auto file = lt::io::SafetensorsFile::open(dir / "sd15.safetensors");
+  const std::vector<ComponentSpec> specs = {ComponentSpec::text_encoder(0), ComponentSpec::sd_unet()};
+  auto dims = module_dims_from_file(*file, specs);
+  LoRANetwork loaded(NetworkConfig{});
+  loaded->add_component(specs[0], *te, &dims);
+  loaded->add_component(specs[1], *unet, &dims);
+  CATCH_CHECK(names_of(loaded) == names_of(net));
+  loaded->load_weights(*file);
+  loaded->merge_to(1.0);
+  CATCH_CHECK(torch::allclose(run(te, unet), adapted, 1e-4, 1e-5));
 }
