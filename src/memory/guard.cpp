@@ -1,5 +1,6 @@
 #include "loratrain/memory/guard.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>

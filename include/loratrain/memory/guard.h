@@ -123,6 +123,7 @@ class OomGuard {
   StartCheck check_start();
 
   PhaseScope enter(Phase phase, PhaseContext where = {});
+  PhaseScope phase(Phase p, PhaseContext where = {}) { return enter(p, where); }
 
   // Call from a catch block after the failed scope unwound. Not a memory failure (or guard
   // disabled): rethrow. Otherwise logs one line, empties caches and returns the retry with one
