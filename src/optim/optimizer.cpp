@@ -50,11 +50,18 @@ at::Tensor private_copy(const at::Tensor& t, at::ScalarType dtype) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer: the two-phase step
 
-Optimizer::Optimizer(std::vector<at::Tensor> params) : params_(std::move(params)), state_(params_.size()) {
+Optimizer::Optimizer(std::vector<at::Tensor> params)
+    : params_(std::move(params)), state_(params_.size()), lr_scales_(params_.size(), 1.0) {
   for (size_t i = 0; i < params_.size(); ++i) {
     TORCH_CHECK(params_[i].defined(), "optimizer parameter ", i, " is undefined");
     TORCH_CHECK(params_[i].is_floating_point(), "optimizer parameter ", i, " is not floating point");
   }
+}
+
+void Optimizer::set_lr_scales(std::vector<double> scales) {
+  TORCH_CHECK(scales.size() == params_.size(), "set_lr_scales: ", scales.size(), " factors for ", params_.size(),
+              " parameters");
+  lr_scales_ = std::move(scales);
 }
 
 void Optimizer::step(double lr) {
@@ -73,7 +80,7 @@ void Optimizer::step(double lr) {
     if (!grad.defined()) continue;
     if (before_param_update) before_param_update(i);
     Pending p{i, {}, {}};
-    compute_update(param, grad, state_[i], lr, p.new_param, p.new_state);
+    compute_update(param, grad, state_[i], lr * lr_scales_[i], p.new_param, p.new_state);
     TORCH_CHECK(p.new_param.sizes() == param.sizes(), name(), ": update of parameter ", i, " has the wrong shape");
     if (p.new_param.scalar_type() != param.scalar_type() || p.new_param.device() != param.device())
       p.new_param = p.new_param.to(param.options());

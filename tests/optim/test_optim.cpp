@@ -343,3 +343,16 @@ CATCH_TEST_CASE("clip_grad_norm clips by the global 2-norm", "[optim]") {
   CATCH_CHECK(std::isnan(clip_grad_norm({a, b}, 1.0)));
   CATCH_CHECK(a.grad().item<float>() == Approx(0.6).epsilon(1e-5));  // nothing scaled by nan
 }
+
+CATCH_TEST_CASE("per-parameter lr scales", "[optim]") {
+  torch::Tensor a = torch::zeros({1}).requires_grad_(true);
+  torch::Tensor b = torch::zeros({1}).requires_grad_(true);
+  a.mutable_grad() = torch::ones({1});
+  b.mutable_grad() = torch::ones({1});
+  AdamW opt({a, b}, AdamWOptions{0.9, 0.999, 1e-8, 0.0});
+  opt.set_lr_scales({1.0, 0.5});
+  opt.step(0.1);  // Adam's first step moves by lr * sign(g)
+  CATCH_CHECK(a.item<float>() == Approx(-0.1));
+  CATCH_CHECK(b.item<float>() == Approx(-0.05));
+  CATCH_CHECK_THROWS(opt.set_lr_scales({1.0}));
+}

@@ -37,6 +37,9 @@ class Optimizer {
   void zero_grad();  // resets gradients to undefined (set_to_none, as torch's default)
 
   const std::vector<at::Tensor>& params() const { return params_; }
+  // Per-parameter learning-rate factors (default 1): parameter i is stepped with lr * scale[i]
+  // (e.g. text_encoder_lr / lr for text-encoder adapters, so one schedule drives both groups).
+  void set_lr_scales(std::vector<double> scales);
   int64_t steps_taken() const { return steps_taken_; }  // completed step() calls
 
   // Every state tensor under a stable name ("<param index>.<state name>", plus "steps_taken");
@@ -64,6 +67,7 @@ class Optimizer {
  private:
   std::vector<at::Tensor> params_;
   std::vector<ParamState> state_;
+  std::vector<double> lr_scales_;
   int64_t steps_taken_ = 0;
 };
 
