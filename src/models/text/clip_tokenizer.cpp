@@ -239,6 +239,13 @@ bool match_ascii_ci(const std::u32string& s, size_t i, const char* lit) {
   return true;
 }
 
+// [^\s\p{L}\p{N}] as the `regex` module matches it under IGNORECASE: a character is tested with
+// its case variants, so U+0345 (which case-folds to the letter iota) is in neither this class nor
+// [\p{L}], and findall skips it.
+bool is_other_piece_char(char32_t c) {
+  return !uc::is_white_space(c) && !uc::is_letter(c) && !uc::is_number(c) && c != 0x345;
+}
+
 // findall of the CLIP pattern
 //   <\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+
 // (IGNORECASE): alternatives tried in order at each position; unmatched characters are skipped.
@@ -267,9 +274,9 @@ std::vector<std::u32string> clip_pretokenize(const std::u32string& s) {
     } else if (uc::is_number(c)) {
       out.push_back(s.substr(i, 1));
       ++i;
-    } else if (!uc::is_white_space(c)) {
+    } else if (is_other_piece_char(c)) {
       size_t j = i;
-      while (j < s.size() && !uc::is_white_space(s[j]) && !uc::is_letter(s[j]) && !uc::is_number(s[j])) ++j;
+      while (j < s.size() && is_other_piece_char(s[j])) ++j;
       out.push_back(s.substr(i, j - i));
       i = j;
     } else {

@@ -36,6 +36,29 @@ def ranges():
     return [r for r in out if r[2] != 0]
 
 
+def case_property(cp):
+    # Python's str.lower() decides final sigma from the Cased and Case_Ignorable properties;
+    # unicodedata does not expose them, so they are read back from lower() itself.
+    c = chr(cp)
+    if ("A\u03a3" + c).lower()[1] == "\u03c3":
+        return 1  # cased (and not case-ignorable)
+    if ("A\u03a3" + c + "a").lower()[1] == "\u03c3":
+        return 2  # case-ignorable
+    return 0
+
+
+def case_ranges():
+    out = []
+    start, cur = 0, case_property(0)
+    for cp in range(1, MAX):
+        c = case_property(cp)
+        if c != cur:
+            out.append((start, cp - 1, cur))
+            start, cur = cp, c
+    out.append((start, MAX - 1, cur))
+    return [r for r in out if r[2] != 0]
+
+
 def lower_map():
     out = []
     for cp in range(MAX):
@@ -74,6 +97,10 @@ def main():
     rs = ranges()
     w("static const CharRange kCharRanges[] = {\n")
     for a, b, c in rs:
+        w("{0x%X,0x%X,%d},\n" % (a, b, c))
+    w("};\n")
+    w("static const CharRange kCaseRanges[] = {\n")
+    for a, b, c in case_ranges():
         w("{0x%X,0x%X,%d},\n" % (a, b, c))
     w("};\n")
     lm = lower_map()

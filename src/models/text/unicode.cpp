@@ -1,7 +1,6 @@
 #include "unicode.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace lt::models::unicode {
 
@@ -76,24 +75,17 @@ char32_t lower_simple(char32_t c) {
   return e ? e->value : c;
 }
 
-// Approximates the Cased property: letters that have a case mapping either way.
-bool is_cased(char32_t c) {
-  if (!is_letter(c)) return false;
-  if (lower_simple(c) != c) return true;
-  static const std::vector<uint32_t> lower_targets = [] {
-    std::vector<uint32_t> v;
-    for (const auto& e : kLowerMap) v.push_back(e.value);
-    std::sort(v.begin(), v.end());
-    return v;
-  }();
-  return std::binary_search(lower_targets.begin(), lower_targets.end(), static_cast<uint32_t>(c));
+// 1 = Cased, 2 = Case_Ignorable, 0 = neither (Python's lower() looks at nothing else).
+uint8_t case_property(char32_t c) {
+  const CharRange* end = kCaseRanges + sizeof(kCaseRanges) / sizeof(kCaseRanges[0]);
+  const CharRange* it = std::upper_bound(kCaseRanges, end, static_cast<uint32_t>(c),
+                                         [](uint32_t v, const CharRange& e) { return v < e.first; });
+  if (it == kCaseRanges) return 0;
+  --it;
+  return c <= it->last ? it->cls : 0;
 }
-
-// Approximates Case_Ignorable: non-spacing marks and the word-internal punctuation it lists.
-bool is_case_ignorable(char32_t c) {
-  return char_class(c) == CharClass::kNonspacingMark || c == '\'' || c == '.' || c == ':' || c == 0xB7 ||
-         c == 0x2019;
-}
+bool is_cased(char32_t c) { return case_property(c) == 1; }
+bool is_case_ignorable(char32_t c) { return case_property(c) == 2; }
 
 }  // namespace
 

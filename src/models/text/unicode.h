@@ -30,7 +30,7 @@ void append_utf8(std::string& out, char32_t c);
 std::string encode_utf8(const std::u32string& s);
 
 // Python's str.lower(): the Unicode lower-case mapping, U+0130 -> "i\u0307", and Greek capital
-// sigma -> final sigma at the end of a word.
+// sigma -> final sigma at the end of a word (the Final_Sigma context, with Cased/Case_Ignorable).
 std::u32string to_lower(const std::u32string& s);
 // Canonical composition (Unicode normalisation form C).
 std::u32string nfc(const std::u32string& s);
