@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "loratrain/models/attention.h"
+#include "loratrain/models/checkpointing.h"
 #include "loratrain/util/error.h"
 
 namespace lt::models {
@@ -213,8 +214,18 @@ CLIPTextOutput CLIPTextTransformerImpl::forward(const at::Tensor& input_ids, boo
                .masked_fill(keep.logical_not(), std::numeric_limits<float>::lowest());
   }
   if (output_hidden_states) out.hidden_states.push_back(h);
-  for (const auto& layer : *encoder->layers) {
-    h = layer->as<CLIPEncoderLayer>()->forward(h, mask);
+  const bool recompute = gradient_checkpointing && is_training();
+  for (const auto& module : *encoder->layers) {
+    auto* layer = module->as<CLIPEncoderLayer>();
+    if (recompute) {
+      h = checkpoint(
+          [layer](const std::vector<at::Tensor>& in) {
+            return layer->forward(in[0], in[1].defined() ? std::optional<at::Tensor>(in[1]) : std::nullopt);
+          },
+          {h, mask ? *mask : at::Tensor()});
+    } else {
+      h = layer->forward(h, mask);
+    }
     if (output_hidden_states) out.hidden_states.push_back(h);
   }
   out.last_hidden_state = final_layer_norm(h);

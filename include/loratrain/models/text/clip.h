@@ -128,6 +128,8 @@ class CLIPTextTransformerImpl : public torch::nn::Module {
                          const std::optional<at::Tensor>& attention_mask = std::nullopt);
 
   CLIPTextConfig config;
+  // Recompute each encoder layer in backward (transformers: only while training).
+  bool gradient_checkpointing = false;
   CLIPTextEmbeddings embeddings{nullptr};
   CLIPEncoder encoder{nullptr};
   torch::nn::LayerNorm final_layer_norm{nullptr};
