@@ -223,6 +223,18 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   return tensors_[it->second];
 }
 
+namespace {
+// Drops the mapping's pages of a tensor once it has been copied out: file-backed pages count in the
+// process's resident memory, so without this loading a checkpoint holds it twice (mapping + module).
+// The mapping stays valid; a later access simply reads the pages from the file again.
+void release_pages(const uint8_t* begin, uint64_t size) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) & ~(page - 1);
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + size + page - 1) & ~(page - 1);
+  if (size > 0) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+}  // namespace
+
 at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::ScalarType> as) const {
   const TensorInfo& t = info(name);
   const uint8_t* src = data(t);
@@ -232,6 +244,7 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::Scal
     float* dst = out.data_ptr<float>();
     const int64_t n = t.numel();
     for (int64_t i = 0; i < n; ++i) dst[i] = table[src[i]];
+    release_pages(src, t.end - t.begin);
     return as && *as != at::kFloat ? out.to(*as) : out;
   }
   auto native = native_type(t.dtype);
@@ -242,7 +255,9 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::Scal
   // from_blob views the mapping without copying; one copy then lands in the target dtype.
   at::Tensor view = at::from_blob(const_cast<uint8_t*>(src), t.shape, at::TensorOptions().dtype(*native));
   at::ScalarType target = as.value_or(*native);
-  return target == *native ? view.clone() : view.to(target);
+  at::Tensor out = target == *native ? view.clone() : view.to(target);
+  release_pages(src, t.end - t.begin);
+  return out;
 }
 
 void save_safetensors(const std::filesystem::path& path,
