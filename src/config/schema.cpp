@@ -144,10 +144,10 @@ const Table<DatasetConfig>& dataset_table() {
                       "Bucket size step; as in AI Toolkit the model's own divisibility is used instead.")
                     .min(1)
                     .no_effect());
-    t.push_back(field("random_crop", &S::random_crop, "Crop at a random position instead of the centre."));
-    t.push_back(field("square_crop", &S::square_crop, "Scale the short side to the resolution and crop a square."));
+    t.push_back(field("random_crop", &S::random_crop, "Crop at a random position instead of the centre.").not_yet({"true"}));
+    t.push_back(field("square_crop", &S::square_crop, "Scale the short side to the resolution and crop a square (buckets: false does this).").not_yet({"true"}));
     t.push_back(field("flip_x", &S::flip_x, "Also train on horizontally mirrored images."));
-    t.push_back(field("flip_y", &S::flip_y, "Also train on vertically mirrored images."));
+    t.push_back(field("flip_y", &S::flip_y, "Also train on vertically mirrored images.").not_yet({"true"}));
     t.push_back(field("num_repeats", &S::num_repeats, "Repeat each image this many times per epoch.").min(1));
     t.push_back(field("cache_latents", &S::cache_latents,
                       "Encode every image once and keep the latents in memory; the VAE then leaves the GPU.")
@@ -213,7 +213,8 @@ const Table<EmaConfig>& ema_table() {
     using S = EmaConfig;
     Table<S> t;
     t.push_back(field("use_ema", &S::use_ema,
-                      "Keep an exponential moving average of the adapter weights and save/sample with it."));
+                      "Keep an exponential moving average of the adapter weights and save/sample with it.")
+                    .not_yet({"true"}));
     t.push_back(field("ema_decay", &S::ema_decay, "EMA decay per step.").range(0, 1));
     t.push_back(not_yet<S>("use_feedback", "boolean", "false", "Feed the EMA difference back into the weights."));
     return t;
@@ -257,8 +258,8 @@ const Table<TrainConfig>& train_table() {
                     .lever());
     t.push_back(field("noise_scheduler", &S::noise_scheduler,
                       "Noise schedule for training: ddpm (SD 1.5/SDXL) or flowmatch (Flux, Wan).")
-                    .one_of({"ddpm", "ddim", "euler", "euler_a", "flowmatch"})
-                    .not_yet({"pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
+                    .one_of({"ddpm", "ddim", "euler", "flowmatch"})
+                    .not_yet({"euler_a", "pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
                               "lcm", "custom_lcm", "mean_flow"})
                     .normalize(lower_normalize));
     t.push_back(field("timestep_type", &S::timestep_type, "How training timesteps are drawn.")
@@ -309,6 +310,7 @@ const Table<TrainConfig>& train_table() {
     t.push_back(not_yet<S>("attention_backend", "string", "native", "diffusers attention backend (flash, sage, ...)."));
     t.push_back(field("unload_text_encoder", &S::unload_text_encoder,
                       "Encode the trigger word / blank prompt once, then move the text encoders off the GPU.")
+                    .not_yet({"true"})
                     .lever());
     t.push_back(field("cache_text_embeddings", &S::cache_text_embeddings,
                       "Turn on cache_text_embeddings for every dataset.")
@@ -316,8 +318,8 @@ const Table<TrainConfig>& train_table() {
     t.push_back(field("start_step", &S::start_step, "Step number to start (or resume) counting from.").min(0));
     t.push_back(section("ema_config", &S::ema_config, &ema_table, "Exponential moving average of the adapter."));
     t.push_back(field("loss_type", &S::loss_type, "Training loss.")
-                    .one_of({"mse", "mae"})
-                    .not_yet({"wavelet", "pixelspace", "mean_flow", "pseudo_huber", "huber", "smooth_l1"})
+                    .one_of({"mse"})
+                    .not_yet({"mae", "wavelet", "pixelspace", "mean_flow", "pseudo_huber", "huber", "smooth_l1"})
                     .normalize(lower_normalize));
     t.push_back(field("min_snr_gamma", &S::min_snr_gamma, "Min-SNR loss weighting gamma (ddpm); null = off.").above(0));
     t.push_back(field("noise_offset", &S::noise_offset, "Offset noise strength.").min(0));
@@ -421,6 +423,7 @@ const Table<ModelConfig>& model_table() {
                     .default_is("= train.dtype"));
     t.push_back(field("quantize", &S::quantize,
                       "Store the frozen base's Linear weights in 8 bits (qtype): about half the weight memory.")
+                    .not_yet({"true"})
                     .lever());
     t.push_back(field("qtype", &S::qtype, "Weight format when quantize is on.")
                     .one_of({"qfloat8", "float8", "qint8", "int8"})
@@ -520,8 +523,8 @@ const Table<SampleConfig>& sample_table() {
     using S = SampleConfig;
     Table<S> t;
     t.push_back(field("sampler", &S::sampler, "Sampler for previews; must match the model (flowmatch for Flux, Wan).")
-                    .one_of({"ddpm", "ddim", "euler", "euler_a", "flowmatch"})
-                    .not_yet({"pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
+                    .one_of({"ddpm", "ddim", "euler", "flowmatch"})
+                    .not_yet({"euler_a", "pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
                               "lcm", "custom_lcm", "mean_flow"})
                     .normalize(lower_normalize));
     t.push_back(field("sample_every", &S::sample_every, "Generate previews every this many steps.").min(1).lever());
@@ -542,10 +545,11 @@ const Table<SampleConfig>& sample_table() {
     t.push_back(field("guidance_scale", &S::guidance_scale, "Classifier-free guidance scale.").min(0));
     t.push_back(field("sample_steps", &S::sample_steps, "Denoising steps per preview.").range(1, 1000).lever());
     t.push_back(field("network_multiplier", &S::network_multiplier, "Adapter strength in previews."));
-    t.push_back(field("format", &S::format, "Image file format of previews.")
+    t.push_back(field("format", &S::format, "Image file format of previews; lora-train writes PNG whatever is set.")
                     .one_of({"jpg", "png"})
                     .not_yet({"webp"})
-                    .normalize(lower_normalize));
+                    .normalize(lower_normalize)
+                    .no_effect());
     t.push_back(field("num_frames", &S::num_frames, "Frames per video preview.").range(1, 1024).lever());
     t.push_back(field("fps", &S::fps, "Frame rate of video previews.").min(1));
     t.push_back(not_yet<S>("guidance_rescale", "number", "0.0", "CFG rescale."));

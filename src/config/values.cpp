@@ -177,12 +177,12 @@ std::string Ctx::scalar(const YAML::Node& node, const YAML::Mark& mark, const st
 void read_value(bool& out, const Val& v, Ctx& c, const Rules& r) {
   require_scalar(v, c, "a boolean (true or false)");
   const std::string text = c.scalar(v.node, v.mark, v.path);
-  check_not_yet_value(text, v, c, r);
   const std::string l = to_lower(trim(text));
   // PyYAML (YAML 1.1, which AI Toolkit reads with) also takes yes/no/on/off.
   if (l == "true" || l == "yes" || l == "on") out = true;
   else if (l == "false" || l == "no" || l == "off") out = false;
   else c.fail(v.mark, v.path, "expected a boolean (true or false), " + got(v.node, text));
+  check_not_yet_value(out ? "true" : "false", v, c, r);
 }
 
 void read_value(int64_t& out, const Val& v, Ctx& c, const Rules& r) {

@@ -1,0 +1,44 @@
+// `lora-train run`: trains a LoRA on a frozen Stable Diffusion 1.x/2.x base, under the OOM guard.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lt::memory {
+class DeviceMemory;
+}
+
+namespace lt::train {
+
+struct RunRequest {
+  std::filesystem::path config_path;
+  std::vector<std::string> overrides;            // --set KEY=VALUE
+  std::optional<std::filesystem::path> resume;   // --resume DIR (default: the run folder's own state)
+  bool fresh = false;                            // --fresh: ignore a saved state in the run folder
+  // Test hook: called once the device memory backend exists, before anything is loaded (e.g. to
+  // occupy simulated VRAM as another process would, or to inject allocation failures).
+  std::function<void(memory::DeviceMemory&)> on_memory_ready;
+  // Test hook: stop (as if interrupted by SIGINT) after this many completed steps.
+  std::optional<int64_t> stop_after_steps;
+};
+
+struct RunResult {
+  int exit_code = 0;                       // README: exit codes
+  std::filesystem::path run_dir;
+  std::filesystem::path lora_path;         // the final LoRA file (empty if none was written)
+  int64_t steps_completed = 0;
+  std::vector<double> losses;              // per completed step, this invocation
+  std::vector<std::string> actions;        // the guard's action descriptions, in order
+  std::vector<size_t> images_seen;         // per dataset image: times used in a completed step
+};
+
+RunResult run_training(const RunRequest& request);
+
+// Sets LibTorch's intra-op threads to the core count (or LT_NUM_THREADS) and OpenBLAS to one
+// thread, so the two thread pools do not fight over the cores.
+void configure_cpu_threads();
+
+}  // namespace lt::train

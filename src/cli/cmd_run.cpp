@@ -1,0 +1,34 @@
+// lora-train run config.yaml [--set KEY=VALUE ...] [--resume DIR] [--fresh]
+#include "commands.h"
+#include "loratrain/train/trainer.h"
+
+namespace lt::cli {
+
+void add_run_command(CLI::App& app, Action& chosen) {
+  auto* sub = app.add_subcommand("run", "Train a LoRA from an AI Toolkit-style YAML config, under the OOM guard");
+  struct Args {
+    std::string config;
+    std::vector<std::string> overrides;
+    std::string resume;
+    bool fresh = false;
+  };
+  auto args = std::make_shared<Args>();
+  sub->add_option("config", args->config, "the job config (YAML)")->required();
+  sub->add_option("--set", args->overrides, "override a config key, e.g. --set train.batch_size=2 (repeatable)");
+  sub->add_option("--resume", args->resume,
+                  "resume from this run folder's saved state (default: the config's own run folder, when it has one)");
+  sub->add_flag("--fresh", args->fresh, "start from step 0 even when the run folder holds a saved state");
+  sub->callback([&chosen, args] {
+    chosen = [args] {
+      train::configure_cpu_threads();
+      train::RunRequest request;
+      request.config_path = args->config;
+      request.overrides = args->overrides;
+      if (!args->resume.empty()) request.resume = args->resume;
+      request.fresh = args->fresh;
+      return train::run_training(request).exit_code;
+    };
+  });
+}
+
+}  // namespace lt::cli

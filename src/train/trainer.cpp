@@ -1,0 +1,843 @@
+// The training run, top to bottom: config -> run folder -> device memory and the OOM guard ->
+// load (phase load) -> dataset and buckets -> caches (phase cache) -> optimizer and resume ->
+// baseline previews -> steps (phase train_step; sample and save phases between them) -> final
+// save and report. Every phase runs under the guard, which retries it with one change per OOM.
+#include "loratrain/train/trainer.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <set>
+#include <thread>
+
+#include "loratrain/config/config.h"
+#include "loratrain/data/batches.h"
+#include "loratrain/data/cache.h"
+#include "loratrain/data/dataset.h"
+#include "loratrain/io/image.h"
+#include "loratrain/lora/network.h"
+#include "loratrain/memory/budget_allocator.h"
+#include "loratrain/memory/device_memory.h"
+#include "loratrain/memory/guard.h"
+#include "loratrain/models/attention.h"
+#include "loratrain/optim/lr_schedule.h"
+#include "loratrain/optim/optimizer.h"
+#include "loratrain/sample/noise.h"
+#include "loratrain/sample/prompt.h"
+#include "loratrain/sample/sampler.h"
+#include "loratrain/sample/scheduler.h"
+#include "loratrain/train/checkpoint.h"
+#include "loratrain/train/progress.h"
+#include "loratrain/train/sd_pipeline.h"
+#include "loratrain/util/atomic_file.h"
+#include "loratrain/util/error.h"
+#include "loratrain/util/log.h"
+#include "loratrain/util/strings.h"
+#include "loratrain/version.h"
+
+namespace lt::train {
+
+namespace fs = std::filesystem;
+using memory::Phase;
+using memory::PhaseContext;
+
+void configure_cpu_threads() {
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (const char* env = std::getenv("LT_NUM_THREADS")) threads = std::max(1, std::atoi(env));
+  if (threads > 0) at::set_num_threads(threads);
+  // OpenBLAS's own pool competes with LibTorch's OpenMP pool for the same cores: keep it at one
+  // thread (LibTorch parallelises around the BLAS calls). Looked up at run time so the build does
+  // not depend on which BLAS Debian's alternatives select.
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(1);
+}
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted = true; }
+
+// SIGINT during a run: finish the current step, save a resumable state, exit.
+class InterruptHandler {
+ public:
+  InterruptHandler() {
+    g_interrupted = false;
+    previous_ = std::signal(SIGINT, on_sigint);
+  }
+  ~InterruptHandler() { std::signal(SIGINT, previous_); }
+
+ private:
+  void (*previous_)(int);
+};
+
+at::Tensor global_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_global_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// The settings the guard may change, read from the config.
+memory::MemorySettings settings_from_config(const config::ProcessConfig& p) {
+  memory::MemorySettings s;
+  s.gradient_checkpointing = p.train.gradient_checkpointing;
+  s.batch_size = p.train.batch_size;
+  s.grad_accumulation = std::max(p.train.gradient_accumulation, p.train.gradient_accumulation_steps);
+  std::set<int> resolutions;
+  for (const auto& d : p.datasets) resolutions.insert(d.resolution.begin(), d.resolution.end());
+  s.resolutions.assign(resolutions.begin(), resolutions.end());
+  s.sample_width = p.sample.width;
+  s.sample_height = p.sample.height;
+  s.sample_steps = p.sample.sample_steps;
+  s.sample_every = p.sample.sample_every;
+  s.disable_sampling = p.train.disable_sampling;
+  s.skip_first_sample = p.train.skip_first_sample;
+  s.low_vram = p.model.low_vram;
+  s.quantize = p.model.quantize ? (to_lower(p.model.qtype).find("int8") != std::string::npos ? memory::Quantize::int8
+                                                                                              : memory::Quantize::fp8)
+                                : memory::Quantize::none;
+  s.num_frames = p.datasets.empty() ? 1 : p.datasets[0].num_frames;
+  s.sample_num_frames = p.sample.num_frames;
+  s.is_video = false;
+  return s;
+}
+
+std::string yaml_list(const std::vector<int>& values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  return out + "]";
+}
+
+// The config with the guard's settings written back (fixed.yaml / effective.yaml).
+config::JobConfig config_with_settings(const config::JobConfig& job, const memory::MemorySettings& s) {
+  config::JobConfig out = job;
+  auto set = [&out](const std::string& key, const std::string& value) { config::set_value(out, key, value, "oom-guard"); };
+  set("train.gradient_checkpointing", s.gradient_checkpointing ? "true" : "false");
+  set("train.batch_size", std::to_string(s.batch_size));
+  set("train.gradient_accumulation", std::to_string(s.grad_accumulation));
+  set("train.gradient_accumulation_steps", "1");
+  const auto active = s.active_resolutions();
+  const auto& p = config::the_process(out);
+  for (size_t i = 0; i < p.datasets.size(); ++i) {
+    std::vector<int> kept;
+    for (int r : p.datasets[i].resolution) {
+      if (std::find(active.begin(), active.end(), r) != active.end()) kept.push_back(r);
+    }
+    if (kept.empty() && !active.empty()) kept.push_back(active.back());
+    set("datasets." + std::to_string(i) + ".resolution", yaml_list(kept));
+  }
+  set("sample.width", std::to_string(s.sample_width));
+  set("sample.height", std::to_string(s.sample_height));
+  set("sample.sample_steps", std::to_string(s.sample_steps));
+  set("train.disable_sampling", s.disable_sampling ? "true" : "false");
+  set("train.skip_first_sample", s.skip_first_sample ? "true" : "false");
+  set("model.low_vram", s.low_vram ? "true" : "false");
+  set("model.quantize", s.quantize != memory::Quantize::none ? "true" : "false");
+  if (s.quantize == memory::Quantize::int8) set("model.qtype", "qint8");
+  config::validate(out);
+  return out;
+}
+
+std::string timestamp_ms() {
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
+}
+
+std::string step_tag(int64_t step) { return fmt::format("{:09d}", step); }
+
+class Trainer {
+ public:
+  explicit Trainer(const RunRequest& request) : request_(request) {}
+  RunResult run();
+
+ private:
+  // setup
+  void open_run_folder();
+  void load_model();
+  void prepare_data();
+  void build_caches();
+  void create_optimizer();
+  void restore_state();
+  // work
+  void train_step();
+  void sample_previews(int64_t step);
+  void save_checkpoint(int64_t step, bool final);
+  void save_state();
+  // the guard's changes
+  void apply_settings(const memory::MemorySettings& next);
+  void run_phase(Phase phase, PhaseContext where, const std::function<void()>& body);
+  void write_report(int exit_code, const std::string& outcome);
+  int give_up(const memory::OomGiveUp& g);
+
+  at::Tensor latents_for(const data::Batch& batch);
+  at::Tensor text_for(const data::Batch& batch);
+  PhaseContext step_context() const;
+  bool sampling_due(int64_t step) const;
+
+  RunRequest request_;
+  RunResult result_;
+  config::JobConfig job_;
+  config::ProcessConfig* p_ = nullptr;
+  fs::path run_dir_;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  at::ScalarType dtype_ = at::kFloat;
+
+  std::unique_ptr<memory::DeviceMemory> memory_;
+  std::unique_ptr<memory::OomGuard> guard_;
+  memory::MemorySettings settings_;
+
+  std::unique_ptr<SDPipeline> model_;
+  lora::LoRANetwork network_{nullptr};
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  optim::LRSchedule lr_schedule_;
+
+  std::unique_ptr<data::Dataset> dataset_;
+  std::unique_ptr<data::BatchIterator> batches_;
+  std::unique_ptr<data::LatentCache> latent_cache_;
+  std::unique_ptr<data::TextEmbeddingCache> text_cache_;
+
+  sample::NoiseSchedule noise_schedule_;
+  sample::PredictionType prediction_ = sample::PredictionType::kEpsilon;
+  at::Generator noise_rng_;
+  int64_t step_ = 0;          // optimizer steps completed
+  int64_t total_steps_ = 0;
+  bool resumed_ = false;
+
+  // The state a step starts from, restored before each attempt (same batch, same noise).
+  struct StepStart {
+    data::BatchPosition position;
+    at::Tensor noise_rng;
+    at::Tensor global_rng;
+  } step_start_;
+  double last_loss_ = 0;
+  std::vector<size_t> step_images_;  // images of the step in progress
+};
+
+RunResult Trainer::run() {
+  InterruptHandler interrupt_handler;
+  open_run_folder();
+
+  // Device memory and the guard.
+  if (!p_->memory.alloc_conf.empty()) ::setenv("PYTORCH_CUDA_ALLOC_CONF", p_->memory.alloc_conf.c_str(), 1);
+  memory::tune_host_allocator();
+  memory::DeviceMemoryOptions memory_options;
+  memory_options.device = device_.str();
+  memory_options.simulate_vram = p_->memory.simulate_vram.bytes;
+  memory_options.vram_limit = p_->memory.vram_limit.bytes;
+  memory_ = memory::make_device_memory(memory_options);
+  if (request_.on_memory_ready) request_.on_memory_ready(*memory_);
+  memory::GuardOptions guard_options;
+  guard_options.enabled = p_->memory.oom_guard.enabled;
+  guard_options.max_attempts = p_->memory.oom_guard.max_attempts;
+  guard_options.scale_up = p_->memory.oom_guard.scale_up;
+  guard_options.scale_up_after = p_->memory.oom_guard.scale_up_after;
+  settings_ = settings_from_config(*p_);
+  guard_ = std::make_unique<memory::OomGuard>(*memory_, guard_options, settings_);
+  spdlog::info("device: {}", memory_->name());
+  guard_->check_start();
+
+  try {
+    run_phase(Phase::load, {}, [this] { load_model(); });
+    prepare_data();
+    run_phase(Phase::cache, {}, [this] { build_caches(); });
+    create_optimizer();
+    restore_state();
+
+    const bool baseline = !settings_.disable_sampling && (!settings_.skip_first_sample || p_->train.force_first_sample) &&
+                          (!resumed_ || p_->train.force_first_sample);
+    if (baseline) {
+      spdlog::info("Generating baseline samples before training");
+      run_phase(Phase::baseline_sample, {0, settings_.sample_width, settings_.sample_height},
+                [this] { if (!settings_.disable_sampling && !settings_.skip_first_sample) sample_previews(0); });
+    }
+
+    ProgressLine progress;
+    MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
+    spdlog::info("training {} steps from step {} ({})", total_steps_, step_ + 1, memory::summarize(settings_));
+    while (step_ < total_steps_) {
+      step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state()};
+      const auto started = std::chrono::steady_clock::now();
+      memory_->reset_peak();
+      run_phase(Phase::train_step, step_context(), [this] { train_step(); });
+      ++step_;
+      for (size_t image : step_images_) result_.images_seen[image] += 1;
+      result_.losses.push_back(last_loss_);
+      result_.steps_completed = step_;
+
+      StepStats stats;
+      stats.step = step_;
+      stats.total_steps = total_steps_;
+      stats.loss = last_loss_;
+      stats.lr = lr_schedule_.lr_at(step_ - 1);
+      stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      stats.mem_allocated = memory_->allocated();
+      stats.mem_peak = memory_->peak_allocated();
+      stats.batch_size = settings_.batch_size;
+      progress.update(stats);
+      metrics.write(stats, progress.smoothed_loss());
+
+      if (auto heavier = guard_->step_completed(step_)) {
+        progress.finish();
+        apply_settings(heavier->settings);
+      }
+      if (sampling_due(step_)) {
+        progress.finish();
+        run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height},
+                  [this] { sample_previews(step_); });
+      }
+      const bool save_due = p_->save.save_every > 0 && step_ % p_->save.save_every == 0 && step_ < total_steps_;
+      if (save_due) {
+        progress.finish();
+        run_phase(Phase::save, {step_}, [this] { save_checkpoint(step_, false); });
+      }
+      const bool stop_requested = request_.stop_after_steps && step_ >= *request_.stop_after_steps;
+      if ((g_interrupted || stop_requested) && step_ < total_steps_) {
+        progress.finish();
+        run_phase(Phase::save, {step_}, [this] { save_state(); });
+        spdlog::warn("interrupted at step {}: state saved; run the same command again to resume", step_);
+        write_report(130, "interrupted");
+        result_.exit_code = 130;
+        return result_;
+      }
+    }
+    progress.finish();
+    run_phase(Phase::save, {step_}, [this] { save_checkpoint(step_, true); });
+    if (!settings_.disable_sampling && p_->sample.sample_every > 0 && step_ % p_->sample.sample_every != 0) {
+      run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] { sample_previews(step_); });
+    }
+  } catch (const memory::OomGiveUp& g) {
+    result_.exit_code = give_up(g);
+    return result_;
+  }
+  if (!guard_->attempts().empty()) {
+    config::write_effective_yaml(config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
+    spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
+  }
+  spdlog::info("{}", guard_->summary());
+  write_report(0, "completed");
+  spdlog::info("done: {} ({} steps)", result_.lora_path.string(), step_);
+  return result_;
+}
+
+void Trainer::open_run_folder() {
+  job_ = config::load_config(request_.config_path, request_.overrides);
+  config::validate_paths(job_);
+  p_ = &config::the_process(job_);
+  run_dir_ = fs::path(p_->training_folder) / job_.name;
+  fs::create_directories(run_dir_);
+  result_.run_dir = run_dir_;
+  log::add_file(run_dir_ / "log.txt");
+  spdlog::info("lora-train {} (LibTorch {}): run {} in {}", kVersion, TORCH_VERSION, job_.name, run_dir_.string());
+  config::write_effective_yaml(job_, run_dir_ / "config.yaml");
+
+  const std::string device = to_lower(p_->device);
+  if (device == "auto") {
+    device_ = torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  } else {
+    try {
+      device_ = c10::Device(device);
+    } catch (const c10::Error&) {
+      throw config::error_at(job_, "device", "unknown device '" + p_->device + "' (auto, cpu, cuda, cuda:N)");
+    }
+  }
+  if (device_.is_cuda() && !torch::cuda::is_available()) {
+    throw Error(ExitCode::kEnvironment, "device " + p_->device + " requested, but CUDA is not available in this build or machine");
+  }
+  dtype_ = dtype_from_name(config::canonical_dtype(p_->train.dtype));
+  if (device_.is_cpu() && dtype_ == at::kHalf) {
+    spdlog::warn("train.dtype fp16 has no CPU kernels in this LibTorch: training in fp32 on the CPU");
+    dtype_ = at::kFloat;
+  }
+  total_steps_ = p_->train.steps;
+  if (p_->memory.attention_chunk > 0) models::set_default_query_chunk(p_->memory.attention_chunk);
+}
+
+void Trainer::load_model() {
+  model_.reset();
+  network_ = lora::LoRANetwork(nullptr);
+  SDLoadOptions options;
+  options.name_or_path = p_->model.name_or_path;
+  if (p_->model.tokenizer_path) options.tokenizer_path = *p_->model.tokenizer_path;
+  if (p_->model.vae_path) options.vae_path = *p_->model.vae_path;
+  options.dtype = dtype_;
+  options.device = device_;
+  model_ = std::make_unique<SDPipeline>(options);
+  spdlog::info("loaded {} base from {}", models::family_name(model_->family()), p_->model.name_or_path);
+  prediction_ = p_->model.is_v_pred ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
+
+  lora::NetworkConfig net;
+  net.linear = p_->network.linear;
+  net.linear_alpha = p_->network.linear_alpha.value_or(p_->network.alpha);
+  if (p_->network.conv) net.conv = *p_->network.conv;
+  net.conv_alpha = p_->network.conv_alpha;
+  net.dropout = p_->network.dropout.value_or(0.0);
+  net.only_if_contains = p_->network.network_kwargs.only_if_contains;
+  net.ignore_if_contains = p_->network.network_kwargs.ignore_if_contains;
+  net.train_unet = p_->train.train_unet;
+  net.train_text_encoder = p_->train.train_text_encoder;
+  network_ = lora::LoRANetwork(net);
+  network_->add_component(lora::ComponentSpec::sd_unet(), *model_->unet());
+  network_->add_component(lora::ComponentSpec::text_encoder(0), *model_->text_encoder());
+  network_->to(device_);
+  network_->apply_to();
+  spdlog::info("LoRA: {} UNet and {} text-encoder modules, rank {}, alpha {}", network_->count(true), network_->count(false),
+               net.linear, net.linear_alpha);
+  if (network_->trainable_parameters().empty()) {
+    throw config::error_at(job_, "network", "no module was selected for training (check train_unet, train_text_encoder and "
+                                            "network_kwargs)");
+  }
+  model_->unet()->set_gradient_checkpointing(settings_.gradient_checkpointing);
+  model_->unet()->train();
+  if (settings_.quantize != memory::Quantize::none) {
+    spdlog::warn("model.quantize: quantised base weights are not available in this version; training unquantised");
+  }
+}
+
+void Trainer::prepare_data() {
+  // One dataset folder per run in this version (AI Toolkit allows several).
+  if (p_->datasets.size() > 1) throw config::error_at(job_, "datasets.1", "lora-train reads one dataset per run in this version");
+  const auto& d = p_->datasets[0];
+  data::DatasetOptions options;
+  options.folder_path = d.folder_path;
+  options.caption_ext = d.caption_ext;
+  options.default_caption = d.default_caption;
+  options.trigger_word = d.trigger_word.value_or(p_->trigger_word.value_or(""));
+  options.caption_dropout_rate = d.caption_dropout_rate;
+  options.token_dropout_rate = d.token_dropout_rate;
+  options.shuffle_tokens = d.shuffle_tokens;
+  options.keep_tokens = d.keep_tokens;
+  options.num_repeats = d.num_repeats;
+  options.flip_x = d.flip_x;
+  dataset_ = std::make_unique<data::Dataset>(options);
+  result_.images_seen.assign(dataset_->size(), 0);
+
+  data::BucketOptions buckets;
+  buckets.resolutions = d.resolution;
+  buckets.divisibility = 16;  // SD: VAE factor 8 x 2 (the UNet halves the latent three times)
+  buckets.enabled = d.buckets;
+  data::BatchOptions batch_options;
+  batch_options.batch_size = settings_.batch_size;
+  batch_options.seed = static_cast<uint64_t>(p_->training_seed.value_or(42));
+  batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(buckets), batch_options);
+  spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
+  noise_rng_ = sample::make_generator(batch_options.seed);
+}
+
+void Trainer::build_caches() {
+  const auto& d = p_->datasets[0];
+  if (d.cache_latents || d.cache_latents_to_disk) {
+    data::CacheOptions options;
+    options.in_memory = true;
+    options.to_disk = d.cache_latents_to_disk;
+    options.model_id = model_->model_id() + "|vae";
+    latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
+    // Latents are sampled from the VAE's distribution with their own seeded generator, so a
+    // rebuilt cache (resume, a new bucket) holds the same values.
+    auto generator = sample::make_generator(static_cast<uint64_t>(p_->training_seed.value_or(42)) + 1);
+    auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
+      return model_->encode_images(pixels, generator).to(at::kCPU);
+    });
+    spdlog::info("latents: {} encoded, {} from disk, {} in memory", stats.encoded, stats.from_disk, stats.in_memory);
+  }
+  if (!p_->train.train_text_encoder) {
+    data::CacheOptions options;
+    options.in_memory = true;
+    options.to_disk = false;
+    options.model_id = model_->model_id() + "|te";
+    text_cache_ = std::make_unique<data::TextEmbeddingCache>(fs::path(d.folder_path) / "_t_e_cache", options);
+    if (auto captions = dataset_->fixed_captions()) {
+      text_cache_->build(*captions, [this](const std::string& caption) {
+        torch::NoGradGuard no_grad;
+        return data::TextEmbedding{{"hidden_states", model_->encode_text({caption}).to(at::kCPU)}};
+      });
+    }
+  }
+  // With everything cached, the VAE and text encoder are not needed until sampling.
+  if (settings_.low_vram) {
+    if (latent_cache_) model_->release(Component::vae);
+    if (text_cache_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
+  }
+}
+
+void Trainer::create_optimizer() {
+  // optimizer_params as numbers: scalars become one-element lists, booleans 0/1, betas two values.
+  optim::OptimizerParams params;
+  for (const auto& [key, value] : p_->train.optimizer_params) {
+    const std::string what = "train.optimizer_params";
+    const std::string text = to_lower(value.text);
+    if (value.collection) {
+      params[key] = config::param_number_list(p_->train.optimizer_params, key, what).value_or(std::vector<double>{});
+    } else if (text == "true" || text == "false" || text == "yes" || text == "no") {
+      params[key] = {config::param_bool(p_->train.optimizer_params, key, what).value_or(false) ? 1.0 : 0.0};
+    } else if (auto number = config::param_number(p_->train.optimizer_params, key, what)) {
+      params[key] = {*number};
+    }
+  }
+  optimizer_ = optim::make_optimizer(p_->train.optimizer, network_->trainable_parameters(), params);
+  // One schedule for both components; text-encoder adapters scale it by text_encoder_lr / unet_lr.
+  const double unet_lr = p_->train.unet_lr.value_or(p_->train.lr);
+  const double te_lr = p_->train.text_encoder_lr.value_or(p_->train.lr);
+  std::vector<double> scales;
+  for (const auto& module : network_->modules()) {
+    const bool is_unet = starts_with(module->lora_name, "lora_unet");
+    for (size_t i = 0; i < module->parameters().size(); ++i) scales.push_back(is_unet || unet_lr == 0 ? 1.0 : te_lr / unet_lr);
+  }
+  if (scales.size() == optimizer_->params().size()) optimizer_->set_lr_scales(scales);
+  lr_schedule_.type = optim::parse_lr_scheduler(p_->train.lr_scheduler);
+  lr_schedule_.lr = p_->train.unet_lr.value_or(p_->train.lr);
+  lr_schedule_.total_steps = total_steps_;
+  if (auto warmup = config::param_number(p_->train.lr_scheduler_params, "warmup_steps", "train.lr_scheduler_params.warmup_steps")) {
+    lr_schedule_.warmup_steps = static_cast<int64_t>(*warmup);
+  }
+  noise_schedule_ = sample::NoiseSchedule(sample::NoiseScheduleConfig{});
+}
+
+void Trainer::restore_state() {
+  if (request_.fresh) return;
+  fs::path path = state_path(request_.resume.value_or(run_dir_));
+  auto state = load_training_state(path);
+  if (!state) {
+    if (request_.resume) throw InputError(request_.resume->string() + ": no training state to resume from (" + path.string() + ")");
+    return;
+  }
+  if (state->config_name != job_.name) {
+    throw InputError(path.string() + ": the saved state belongs to run '" + state->config_name + "', not '" + job_.name + "'");
+  }
+  torch::NoGradGuard no_grad;
+  auto params = network_->named_parameters(true);
+  if (static_cast<size_t>(params.size()) != state->adapter.size()) {
+    throw InputError(path.string() + ": the saved adapter has " + std::to_string(state->adapter.size()) +
+                     " tensors, this network " + std::to_string(params.size()) + " (network settings changed?)");
+  }
+  for (const auto& [name, value] : state->adapter) {
+    auto* target = params.find(name);
+    if (!target || target->sizes() != value.sizes()) {
+      throw InputError(path.string() + ": adapter tensor '" + name + "' does not match this network");
+    }
+    target->copy_(value);
+  }
+  optimizer_->load_state_dict(state->optimizer);
+  sample::set_generator_state(noise_rng_, state->noise_rng);
+  set_global_rng_state(state->global_rng);
+  if (!state->settings_json.empty()) {
+    // The guard's changes from the interrupted run carry over; the saved settings win.
+    auto saved = nlohmann::json::parse(state->settings_json);
+    memory::MemorySettings s = settings_;
+    s.gradient_checkpointing = saved.value("gradient_checkpointing", s.gradient_checkpointing);
+    s.batch_size = saved.value("batch_size", s.batch_size);
+    s.grad_accumulation = saved.value("grad_accumulation", s.grad_accumulation);
+    s.dropped_largest = saved.value("dropped_largest", s.dropped_largest);
+    s.sample_width = saved.value("sample_width", s.sample_width);
+    s.sample_height = saved.value("sample_height", s.sample_height);
+    s.sample_steps = saved.value("sample_steps", s.sample_steps);
+    s.disable_sampling = saved.value("disable_sampling", s.disable_sampling);
+    if (s != settings_) apply_settings(s);
+  }
+  batches_->restore_state(state->data_position);
+  step_ = state->step;
+  resumed_ = true;
+  spdlog::info("resumed from {} at step {}", path.string(), step_);
+}
+
+PhaseContext Trainer::step_context() const {
+  PhaseContext where;
+  where.step = step_ + 1;
+  auto batch = batches_->current();
+  where.width = batch.size.width;
+  where.height = batch.size.height;
+  where.batch = static_cast<int>(batch.items.size());
+  where.resolution = batch.resolution;
+  where.frames = 1;
+  return where;
+}
+
+at::Tensor Trainer::latents_for(const data::Batch& batch) {
+  if (latent_cache_) {
+    bool all_cached = true;
+    for (const auto& item : batch.items) all_cached = all_cached && latent_cache_->contains(item.image, item.placement, item.flip_x);
+    if (all_cached) return latent_cache_->batch(batch).to(device_);
+  }
+  torch::NoGradGuard no_grad;
+  return model_->encode_images(batches_->load_pixels(batch), noise_rng_);
+}
+
+at::Tensor Trainer::text_for(const data::Batch& batch) {
+  if (text_cache_) {
+    auto embedding = text_cache_->batch(batch.captions(), [this](const std::string& caption) {
+      torch::NoGradGuard no_grad;
+      return data::TextEmbedding{{"hidden_states", model_->encode_text({caption}).to(at::kCPU)}};
+    });
+    return embedding.at(0).second.to(device_);
+  }
+  return model_->encode_text(batch.captions());
+}
+
+// One optimizer step over grad_accumulation batches. Runs again from the same start after an OOM.
+void Trainer::train_step() {
+  batches_->seek(step_start_.position);
+  sample::set_generator_state(noise_rng_, step_start_.noise_rng);
+  set_global_rng_state(step_start_.global_rng);
+  optimizer_->zero_grad();
+  step_images_.clear();
+
+  auto& unet = model_->unet();
+  const int accumulation = settings_.grad_accumulation;
+  double loss_sum = 0;
+  for (int micro = 0; micro < accumulation; ++micro) {
+    data::Batch batch = batches_->next();
+    for (const auto& item : batch.items) step_images_.push_back(item.image);
+    at::Tensor latents = latents_for(batch);                 // [B, 4, h, w]
+    at::Tensor context = text_for(batch);                    // [B, 77, D]
+    sample::TrainingNoiseOptions noise_options;
+    noise_options.noise_offset = p_->train.noise_offset;
+    auto noise = sample::make_training_noise(noise_schedule_, latents, noise_rng_, noise_options);
+    at::Tensor prediction = unet->forward(noise.noisy_latents.to(dtype_), noise.timesteps, context.to(dtype_));
+    at::Tensor target = noise_schedule_.target(prediction_, latents, noise.noise, noise.timesteps);
+    at::Tensor per_sample = sample::mse_loss_per_sample(prediction, target);
+    at::Tensor weights;
+    if (p_->train.min_snr_gamma) weights = noise_schedule_.min_snr_weights(noise.timesteps, *p_->train.min_snr_gamma, prediction_);
+    at::Tensor loss = sample::weighted_mean(per_sample, weights) / accumulation;
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+  optim::clip_grad_norm(optimizer_->params(), p_->train.max_grad_norm);
+  optimizer_->step(lr_schedule_.lr_at(step_));
+  optimizer_->zero_grad();
+  last_loss_ = loss_sum;
+}
+
+bool Trainer::sampling_due(int64_t step) const {
+  if (settings_.disable_sampling || p_->sample.sample_every <= 0) return false;
+  return step % p_->sample.sample_every == 0 && step >= p_->sample.sample_start_step;
+}
+
+void Trainer::sample_previews(int64_t step) {
+  sample::SampleDefaults defaults;
+  defaults.width = settings_.sample_width;
+  defaults.height = settings_.sample_height;
+  defaults.seed = p_->sample.seed;
+  defaults.walk_seed = p_->sample.walk_seed;
+  defaults.guidance_scale = p_->sample.guidance_scale;
+  defaults.sample_steps = settings_.sample_steps;
+  defaults.neg = p_->sample.neg;
+  defaults.network_multiplier = p_->sample.network_multiplier;
+  defaults.trigger_word = p_->trigger_word;
+  std::vector<sample::SampleItem> items;
+  for (const auto& prompt : p_->sample.prompts) items.push_back(sample::SampleItem{prompt});
+  for (const auto& s : p_->sample.samples) {
+    sample::SampleItem item;
+    item.prompt = s.prompt;
+    item.width = s.width;
+    item.height = s.height;
+    item.seed = s.seed;
+    item.sample_steps = s.sample_steps;
+    item.guidance_scale = s.guidance_scale;
+    item.network_multiplier = s.network_multiplier;
+    item.neg = s.neg;
+    items.push_back(item);
+  }
+  if (items.empty()) return;
+  auto prompts = sample::resolve_sample_prompts(items, defaults);
+  // The guard's shrink applies to per-prompt sizes too.
+  for (auto& prompt : prompts) {
+    prompt.width = std::min<int64_t>(prompt.width, settings_.sample_width);
+    prompt.height = std::min<int64_t>(prompt.height, settings_.sample_height);
+    prompt.steps = std::min<int64_t>(prompt.steps, settings_.sample_steps);
+  }
+
+  auto& unet = model_->unet();
+  unet->eval();
+  torch::NoGradGuard no_grad;
+  const fs::path folder = run_dir_ / "samples";
+  fs::create_directories(folder);
+  std::vector<io::Image> images;
+  const std::string stamp = timestamp_ms();
+  const int64_t factor = model_->vae_scale_factor();
+  // SD1.x and SD2.x share SD1.5's scheduler config; v-prediction models (SD2.x 768) their own.
+  const std::string scheduler_family = prediction_ == sample::PredictionType::kVPrediction ? "sd2_v" : "sd15";
+  try {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& prompt = prompts[i];
+      network_->set_multiplier(prompt.network_multiplier);
+      at::Tensor cond = model_->encode_text({prompt.text}).to(dtype_);
+      at::Tensor uncond = model_->encode_text({prompt.negative}).to(dtype_);
+      auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler),
+                                              sample::default_scheduler_config(scheduler_family));
+      sample::SamplerOptions options;
+      options.steps = prompt.steps;
+      options.guidance_scale = prompt.guidance_scale;
+      options.guidance_rescale = prompt.guidance_rescale;
+      options.seed = static_cast<uint64_t>(prompt.seed);
+      options.latent_shape = {1, unet->config.in_channels, prompt.height / factor, prompt.width / factor};
+      options.dtype = dtype_;
+      options.device = device_;
+      options.prediction_type = prediction_;
+      at::Tensor latents = sample::sample(*scheduler, [&](const at::Tensor& x, const at::Tensor& t, bool use_uncond) {
+        return unet->forward(x, t.to(device_), use_uncond ? uncond : cond);
+      }, options);
+      images.push_back(io::tensor_to_image(model_->decode_latents(latents)[0]));
+      io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
+    }
+  } catch (...) {
+    network_->set_multiplier(1.0);
+    unet->train();
+    throw;
+  }
+  network_->set_multiplier(1.0);
+  unet->train();
+  io::write_png(folder / fmt::format("grid_{}.png", step_tag(step)), io::make_grid(images));
+  spdlog::info("samples at step {}: {} images in {}", step, images.size(), folder.string());
+  if (settings_.low_vram) {
+    if (latent_cache_) model_->release(Component::vae);
+    if (text_cache_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
+  }
+}
+
+void Trainer::save_checkpoint(int64_t step, bool final) {
+  lora::SaveOptions options;
+  options.format = to_lower(p_->save.save_format) == "diffusers" || to_lower(p_->save.save_format) == "peft"
+                       ? lora::LoRAFormat::PEFT
+                       : lora::LoRAFormat::Kohya;
+  options.dtype = dtype_from_name(config::canonical_dtype(p_->save.dtype));
+  options.metadata = {{"ss_output_name", job_.name},
+                      {"ss_base_model_version", std::string(models::family_name(model_->family())) == "sd2" ? "sd_v2" : "sd_v1"},
+                      {"ss_steps", std::to_string(step)},
+                      {"ss_max_train_steps", std::to_string(total_steps_)},
+                      {"ss_learning_rate", fmt::format("{}", p_->train.lr)},
+                      {"ss_optimizer", p_->train.optimizer},
+                      {"ss_lr_scheduler", p_->train.lr_scheduler},
+                      {"ss_resolution", yaml_list(settings_.active_resolutions())},
+                      {"ss_batch_size_per_device", std::to_string(settings_.batch_size)},
+                      {"ss_gradient_accumulation_steps", std::to_string(settings_.grad_accumulation)},
+                      {"ss_gradient_checkpointing", settings_.gradient_checkpointing ? "True" : "False"},
+                      {"ss_mixed_precision", config::canonical_dtype(p_->train.dtype)},
+                      {"ss_num_train_images", std::to_string(dataset_->size())},
+                      {"ss_noise_offset", fmt::format("{}", p_->train.noise_offset)},
+                      {"ss_v2", model_->family() == models::ModelFamily::kSD2 ? "True" : "False"},
+                      {"training_info", nlohmann::json{{"step", step}}.dump()},
+                      {"lora_train_version", kVersion}};
+  if (final) {
+    result_.lora_path = run_dir_ / (job_.name + ".safetensors");
+    network_->save(result_.lora_path, options);
+  } else {
+    network_->save(run_dir_ / (job_.name + "_" + step_tag(step) + ".safetensors"), options);
+    // Keep the newest max_step_saves_to_keep step files (AI Toolkit prunes the oldest).
+    std::vector<fs::path> saves;
+    for (const auto& entry : fs::directory_iterator(run_dir_)) {
+      const auto name = entry.path().filename().string();
+      if (starts_with(name, job_.name + "_") && ends_with(name, ".safetensors")) saves.push_back(entry.path());
+    }
+    std::sort(saves.begin(), saves.end());
+    while (saves.size() > static_cast<size_t>(std::max(1, p_->save.max_step_saves_to_keep))) {
+      fs::remove(saves.front());
+      saves.erase(saves.begin());
+    }
+  }
+  save_state();
+}
+
+void Trainer::save_state() {
+  TrainingState state;
+  state.step = step_;
+  state.data_position = batches_->state_json();
+  nlohmann::json settings_json = settings_;
+  state.settings_json = settings_json.dump();
+  state.config_name = job_.name;
+  for (const auto& p : network_->named_parameters(true)) state.adapter.emplace_back(p.key(), p.value().detach().to(at::kCPU));
+  state.optimizer = optimizer_->state_dict();
+  state.noise_rng = sample::generator_state(noise_rng_);
+  state.global_rng = global_rng_state();
+  save_training_state(state_path(run_dir_), state);
+}
+
+void Trainer::run_phase(Phase phase, PhaseContext where, const std::function<void()>& body) {
+  guard_->run(phase, where, body, [this](const memory::MemorySettings& next) { apply_settings(next); });
+}
+
+// Applies the guard's one change. The step in progress restarts from step_start_.
+void Trainer::apply_settings(const memory::MemorySettings& next) {
+  const memory::MemorySettings previous = settings_;
+  settings_ = next;
+  result_.actions.push_back(memory::summarize(next));
+  if (!model_) return;  // failed while loading: load_model() reads settings_ on the retry
+  if (next.gradient_checkpointing != previous.gradient_checkpointing) {
+    model_->unet()->set_gradient_checkpointing(next.gradient_checkpointing);
+  }
+  if (batches_) {
+    batches_->seek(step_start_.position);
+    if (next.batch_size != previous.batch_size) batches_->set_batch_size(next.batch_size);
+    for (int i = previous.dropped_largest; i < next.dropped_largest; ++i) {
+      if (auto drop = batches_->drop_largest_resolution()) {
+        spdlog::info("resolution {} dropped: {} entries re-bucketed to {}", drop->from, drop->moved_entries, drop->to);
+      }
+    }
+    if (latent_cache_ && next.dropped_largest != previous.dropped_largest) {
+      auto generator = sample::make_generator(static_cast<uint64_t>(p_->training_seed.value_or(42)) + 1);
+      latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
+        return model_->encode_images(pixels, generator).to(at::kCPU);
+      });
+    }
+    step_start_.position = batches_->position();
+  }
+  if (next.low_vram && !previous.low_vram) {
+    if (latent_cache_) model_->release(Component::vae);
+    if (text_cache_ && dataset_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
+  }
+}
+
+int Trainer::give_up(const memory::OomGiveUp& g) {
+  const auto& d = g.decision();
+  const int code = static_cast<int>(g.code());
+  spdlog::error("oom-guard: {}", d.message);
+  if (network_ && optimizer_ && batches_) {
+    try {
+      save_state();
+      spdlog::info("resumable state saved in {}", state_path(run_dir_).string());
+    } catch (const std::exception& e) {
+      spdlog::error("could not save the training state: {}", e.what());
+    }
+  }
+  try {
+    config::write_effective_yaml(config_with_settings(job_, d.settings), run_dir_ / "fixed.yaml");
+    spdlog::info("settings to try next: {}", (run_dir_ / "fixed.yaml").string());
+  } catch (const std::exception& e) {
+    spdlog::error("could not write fixed.yaml: {}", e.what());
+  }
+  write_report(code, code == static_cast<int>(ExitCode::kEnvironment) ? "environment" : "oom_exhausted");
+  return code;
+}
+
+void Trainer::write_report(int exit_code, const std::string& outcome) {
+  nlohmann::json report = guard_->to_json();
+  report["outcome"] = outcome;
+  report["exit_code"] = exit_code;
+  report["steps_completed"] = step_;
+  report["total_steps"] = total_steps_;
+  report["device"] = memory_->name();
+  report["final_settings"] = settings_;
+  if (!result_.losses.empty()) {
+    report["loss_first"] = result_.losses.front();
+    report["loss_last"] = result_.losses.back();
+  }
+  if (!result_.lora_path.empty()) report["lora"] = result_.lora_path.string();
+  write_file_atomic(run_dir_ / "report.json", report.dump(2) + "\n");
+}
+
+}  // namespace
+
+RunResult run_training(const RunRequest& request) {
+  Trainer trainer(request);
+  return trainer.run();
+}
+
+}  // namespace lt::train
