@@ -25,6 +25,7 @@
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
 #include "loratrain/models/attention.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/sample/noise.h"
@@ -173,6 +174,7 @@ class Trainer {
   void sample_previews(int64_t step);
   void save_checkpoint(int64_t step, bool final);
   void save_state();
+  void quantize_base();
   // the guard's changes
   void apply_settings(const memory::MemorySettings& next);
   void run_phase(Phase phase, PhaseContext where, const std::function<void()>& body);
@@ -182,6 +184,7 @@ class Trainer {
   at::Tensor latents_for(const data::Batch& batch);
   at::Tensor text_for(const data::Batch& batch);
   PhaseContext step_context() const;
+  uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   bool sampling_due(int64_t step) const;
 
   RunRequest request_;
@@ -246,6 +249,9 @@ RunResult Trainer::run() {
   spdlog::info("device: {}", memory_->name());
   guard_->check_start();
 
+  // One seed for everything random in the run (adapter init, noise, data order): runs repeat
+  // exactly, and a resumed run restores every generator's state on top.
+  torch::manual_seed(seed());
   try {
     run_phase(Phase::load, {}, [this] { load_model(); });
     prepare_data();
@@ -261,13 +267,13 @@ RunResult Trainer::run() {
                 [this] { if (!settings_.disable_sampling && !settings_.skip_first_sample) sample_previews(0); });
     }
 
+    if (request_.on_training_start) request_.on_training_start(*memory_);
     ProgressLine progress;
     MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
     spdlog::info("training {} steps from step {} ({})", total_steps_, step_ + 1, memory::summarize(settings_));
     while (step_ < total_steps_) {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state()};
       const auto started = std::chrono::steady_clock::now();
-      memory_->reset_peak();
       run_phase(Phase::train_step, step_context(), [this] { train_step(); });
       ++step_;
       for (size_t image : step_images_) result_.images_seen[image] += 1;
@@ -398,9 +404,15 @@ void Trainer::load_model() {
   }
   model_->unet()->set_gradient_checkpointing(settings_.gradient_checkpointing);
   model_->unet()->train();
-  if (settings_.quantize != memory::Quantize::none) {
-    spdlog::warn("model.quantize: quantised base weights are not available in this version; training unquantised");
-  }
+  if (settings_.quantize != memory::Quantize::none) quantize_base();
+}
+
+// The low-VRAM path's frozen weights: every Linear of the UNet (and the text encoder with
+// quantize_te) in int8 with per-channel scales, converted in place.
+void Trainer::quantize_base() {
+  int64_t released = models::quantize_linear_layers(*model_->unet());
+  if (p_->model.quantize_te.value_or(false)) released += models::quantize_linear_layers(*model_->text_encoder());
+  spdlog::info("base weights quantised to int8: {} released", format_bytes(released));
 }
 
 void Trainer::prepare_data() {
@@ -427,7 +439,7 @@ void Trainer::prepare_data() {
   buckets.enabled = d.buckets;
   data::BatchOptions batch_options;
   batch_options.batch_size = settings_.batch_size;
-  batch_options.seed = static_cast<uint64_t>(p_->training_seed.value_or(42));
+  batch_options.seed = seed();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(buckets), batch_options);
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
   noise_rng_ = sample::make_generator(batch_options.seed);
@@ -443,7 +455,7 @@ void Trainer::build_caches() {
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
     // Latents are sampled from the VAE's distribution with their own seeded generator, so a
     // rebuilt cache (resume, a new bucket) holds the same values.
-    auto generator = sample::make_generator(static_cast<uint64_t>(p_->training_seed.value_or(42)) + 1);
+    auto generator = sample::make_generator(seed() + 1);
     auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
       return model_->encode_images(pixels, generator).to(at::kCPU);
     });
@@ -633,7 +645,11 @@ void Trainer::sample_previews(int64_t step) {
   defaults.network_multiplier = p_->sample.network_multiplier;
   defaults.trigger_word = p_->trigger_word;
   std::vector<sample::SampleItem> items;
-  for (const auto& prompt : p_->sample.prompts) items.push_back(sample::SampleItem{prompt});
+  for (const auto& prompt : p_->sample.prompts) {
+    sample::SampleItem item;
+    item.prompt = prompt;
+    items.push_back(item);
+  }
   for (const auto& s : p_->sample.samples) {
     sample::SampleItem item;
     item.prompt = s.prompt;
@@ -782,13 +798,14 @@ void Trainer::apply_settings(const memory::MemorySettings& next) {
       }
     }
     if (latent_cache_ && next.dropped_largest != previous.dropped_largest) {
-      auto generator = sample::make_generator(static_cast<uint64_t>(p_->training_seed.value_or(42)) + 1);
+      auto generator = sample::make_generator(seed() + 1);
       latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
         return model_->encode_images(pixels, generator).to(at::kCPU);
       });
     }
     step_start_.position = batches_->position();
   }
+  if (next.quantize != memory::Quantize::none && previous.quantize == memory::Quantize::none) quantize_base();
   if (next.low_vram && !previous.low_vram) {
     if (latent_cache_) model_->release(Component::vae);
     if (text_cache_ && dataset_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
@@ -797,8 +814,7 @@ void Trainer::apply_settings(const memory::MemorySettings& next) {
 
 int Trainer::give_up(const memory::OomGiveUp& g) {
   const auto& d = g.decision();
-  const int code = static_cast<int>(g.code());
-  spdlog::error("oom-guard: {}", d.message);
+  const int code = static_cast<int>(g.code());  // the guard has logged why
   if (network_ && optimizer_ && batches_) {
     try {
       save_state();

@@ -169,13 +169,13 @@ CATCH_TEST_CASE("a not-yet AI Toolkit key is accepted at its default only", "[co
 CATCH_TEST_CASE("overrides set keys inside the process and are validated", "[config]") {
   JobConfig job = parse_config_text(kMinimal, "min.yaml",
                                     {"train.batch_size=2", "datasets.0.resolution=[512, 768]",
-                                     "model.name_or_path=/other/model.safetensors", "train.ema_config.use_ema=true",
+                                     "model.name_or_path=/other/model.safetensors", "train.ema_config.ema_decay=0.95",
                                      "memory.simulate_vram=1.5GiB", "trigger_word=sks", "sample.prompts=[a, b]"});
   const ProcessConfig& p = the_process(job);
   CATCH_CHECK(p.train.batch_size == 2);
   CATCH_CHECK(p.datasets[0].resolution == std::vector<int>{512, 768});
   CATCH_CHECK(p.model.name_or_path == "/other/model.safetensors");
-  CATCH_CHECK(p.train.ema_config.use_ema);
+  CATCH_CHECK(p.train.ema_config.ema_decay == 0.95);
   CATCH_CHECK(p.memory.simulate_vram.bytes == 1610612736);
   CATCH_CHECK(*p.trigger_word == "sks");
   CATCH_CHECK(p.sample.prompts.size() == 2);

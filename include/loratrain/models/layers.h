@@ -25,10 +25,20 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();  // torch.nn.Linear's default init (kaiming-uniform a=sqrt(5))
 
+  // The low-VRAM path: stores the frozen weight as int8 with one fp32 scale per output channel
+  // (a quarter of fp32's memory). Forward dequantises it for the matmul and backward dequantises
+  // it again for the input gradient, so no dequantised copy stays alive between the two.
+  // `weight` becomes an empty placeholder; the base weight never trains.
+  void quantize_int8();
+  bool quantized() const { return weight_int8.defined(); }
+  torch::Tensor dequantized_weight() const;  // [out, in] in the scale's dtype
+
   int64_t in_features;
   int64_t out_features;
   torch::Tensor weight;  // [out, in]
   torch::Tensor bias;    // [out] or undefined
+  torch::Tensor weight_int8;   // [out, in] int8 when quantized (a buffer, not a checkpoint key)
+  torch::Tensor weight_scale;  // [out, 1] fp32 when quantized
   std::shared_ptr<Adapter> adapter;
 };
 TORCH_MODULE(Linear);
@@ -51,5 +61,8 @@ class Conv2dImpl : public torch::nn::Module {
   std::shared_ptr<Adapter> adapter;
 };
 TORCH_MODULE(Conv2d);
+
+// Calls quantize_int8() on every Linear leaf under `root`; returns the bytes of weights released.
+int64_t quantize_linear_layers(torch::nn::Module& root);
 
 }  // namespace lt::models

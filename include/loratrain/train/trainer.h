@@ -21,6 +21,9 @@ struct RunRequest {
   // Test hook: called once the device memory backend exists, before anything is loaded (e.g. to
   // occupy simulated VRAM as another process would, or to inject allocation failures).
   std::function<void(memory::DeviceMemory&)> on_memory_ready;
+  // Test hook: called once right before the first training step (e.g. to inject failures into
+  // training steps only).
+  std::function<void(memory::DeviceMemory&)> on_training_start;
   // Test hook: stop (as if interrupted by SIGINT) after this many completed steps.
   std::optional<int64_t> stop_after_steps;
 };

@@ -1,0 +1,149 @@
+// The OOM guard inside real runs, on the CPU with simulated VRAM: real allocation failures from
+// real allocation sites, never mocks.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "loratrain/config/config.h"
+#include "loratrain/io/safetensors.h"
+#include "loratrain/memory/budget_allocator.h"
+#include "loratrain/train/trainer.h"
+#include "train_fixture.h"
+
+namespace {
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+std::vector<std::string> actions_of(const nlohmann::json& report) {
+  std::vector<std::string> out;
+  for (const auto& a : report.at("attempts")) out.push_back(a.at("action").get<std::string>());
+  return out;
+}
+
+int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
+  return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
+}
+
+std::map<std::string, at::Tensor> read_all(const std::filesystem::path& path) {
+  auto file = lt::io::SafetensorsFile::open(path);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& t : file->tensors()) out[t.name] = file->load(t.name);
+  return out;
+}
+
+// One step of the given shape with the guard on but an unlimited budget: its per-phase peaks.
+nlohmann::json measure(const std::filesystem::path& root, const std::string& name, std::vector<std::string> overrides) {
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root, name, 1);
+  request.overrides = std::move(overrides);
+  auto result = lt::train::run_training(request);
+  if (result.exit_code != 0) throw std::runtime_error("calibration run failed");
+  return read_json(root / name / "report.json");
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("early-step OOM: checkpointing, then batch 1 with accumulation, and the run completes", "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_early");
+  const std::vector<std::string> heavy = {"train.batch_size=4", "datasets.0.resolution=[64, 128]"};
+  auto big = measure(root, "calib_big", heavy);
+  auto small = measure(root, "calib_small", {"train.batch_size=1", "train.gradient_checkpointing=true",
+                                             "datasets.0.resolution=[64, 128]"});
+  const int64_t heavy_peak = phase_peak(big, "train_step");
+  const int64_t light_peak = phase_peak(small, "train_step");
+  const int64_t floor_peak = std::max({phase_peak(big, "load"), phase_peak(big, "cache"), light_peak});
+  CATCH_INFO("train_step peak heavy " << heavy_peak << ", light " << light_peak << ", floor " << floor_peak);
+  CATCH_REQUIRE(heavy_peak > floor_peak * 11 / 10);
+  const int64_t budget = floor_peak + (heavy_peak - floor_peak) / 4;
+
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root, "early", 4, "",
+                                                    "        simulate_vram: " + std::to_string(budget) + "\n");
+  request.overrides = heavy;
+  auto result = lt::train::run_training(request);
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 4);
+  auto report = read_json(root / "early" / "report.json");
+  auto actions = actions_of(report);
+  CATCH_INFO(report.dump(1));
+  CATCH_REQUIRE(actions.size() >= 1);
+  CATCH_CHECK(actions[0] == "enable_checkpointing");
+  if (actions.size() >= 2) CATCH_CHECK(actions[1] == "batch_to_one");
+  // The working settings are written down, and they keep the effective batch.
+  auto effective = lt::config::load_config(root / "early" / "effective.yaml");
+  const auto& p = lt::config::the_process(effective);
+  CATCH_CHECK(p.train.gradient_checkpointing);
+  CATCH_CHECK(p.train.batch_size * p.train.gradient_accumulation == 4);
+}
+
+CATCH_TEST_CASE("injected allocation failures lose nothing: the LoRA is bit-identical", "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_faults");
+  lt::train::RunRequest clean;
+  clean.config_path = lt::test::write_tiny_config(root / "clean", "faults", 20, "", "        simulate_vram: 2GiB\n");
+  auto a = lt::train::run_training(clean);
+  CATCH_REQUIRE(a.exit_code == 0);
+
+  lt::train::RunRequest faulty;
+  faulty.config_path = lt::test::write_tiny_config(root / "faulty", "faults", 20, "", "        simulate_vram: 2GiB\n");
+  int injected = 0;
+  lt::memory::CpuMemory* cpu = nullptr;
+  faulty.on_training_start = [&](lt::memory::DeviceMemory& memory) {
+    cpu = dynamic_cast<lt::memory::CpuMemory*>(&memory);
+    if (cpu) cpu->allocator().fail_randomly(0.0004, 99, 4, 4096);
+  };
+  auto b = lt::train::run_training(faulty);
+  CATCH_REQUIRE(b.exit_code == 0);
+  auto report = read_json(root / "faulty" / "faults" / "report.json");
+  injected = static_cast<int>(report.at("attempts").size());
+  CATCH_INFO("recoveries: " << injected << "\n" << report.at("attempts").dump(1));
+  CATCH_CHECK(injected >= 1);
+  for (const auto& action : actions_of(report)) CATCH_CHECK(action == "empty_cache_retry");
+  CATCH_CHECK(b.steps_completed == 20);
+  CATCH_CHECK(a.images_seen == b.images_seen);
+  CATCH_CHECK(a.losses == b.losses);
+  auto la = read_all(root / "clean" / "faults" / "faults.safetensors");
+  auto lb = read_all(root / "faulty" / "faults" / "faults.safetensors");
+  CATCH_REQUIRE(la.size() == lb.size());
+  for (const auto& [name, t] : la) CATCH_CHECK(torch::equal(t, lb.at(name)));
+}
+
+CATCH_TEST_CASE("memory held by something else: warned, classified environment, exit 4 fast", "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_environment");
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root, "env", 4, "", "        simulate_vram: 256MiB\n");
+  request.overrides = {"train.batch_size=1", "train.gradient_checkpointing=true"};
+  request.on_memory_ready = [](lt::memory::DeviceMemory& memory) {
+    if (auto* cpu = dynamic_cast<lt::memory::CpuMemory*>(&memory)) cpu->allocator().occupy(250ll * 1024 * 1024);
+  };
+  const auto started = std::chrono::steady_clock::now();
+  auto result = lt::train::run_training(request);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CATCH_CHECK(result.exit_code == 4);
+  CATCH_CHECK(seconds < 20);
+  auto report = read_json(root / "env" / "report.json");
+  CATCH_CHECK(report.at("start").at("warned").get<bool>());
+  CATCH_CHECK(report.at("attempts").size() <= 2);
+  CATCH_CHECK(std::filesystem::exists(root / "env" / "fixed.yaml"));
+}
+
+CATCH_TEST_CASE("a base larger than the budget: ladder exhausted, exit 3, fixed.yaml accepted by run", "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_exhausted");
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root, "tight", 4, "", "        simulate_vram: 4MiB\n");
+  auto result = lt::train::run_training(request);
+  CATCH_CHECK(result.exit_code == 3);
+  auto report = read_json(root / "tight" / "report.json");
+  auto actions = actions_of(report);
+  CATCH_INFO(report.dump(1));
+  CATCH_REQUIRE_FALSE(actions.empty());
+  CATCH_CHECK(actions.back() == "give_up_exhausted");
+  CATCH_REQUIRE(std::filesystem::exists(root / "tight" / "fixed.yaml"));
+  auto fixed = lt::config::load_config(root / "tight" / "fixed.yaml");
+  const auto& p = lt::config::the_process(fixed);
+  CATCH_CHECK(p.model.low_vram);
+}

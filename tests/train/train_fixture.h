@@ -1,0 +1,51 @@
+// A tiny SD1-architecture base and a generated dataset in a scratch folder, and a config for them.
+#pragma once
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "loratrain/data/demo_data.h"
+#include "loratrain/train/demo_base.h"
+#include "test_paths.h"
+
+namespace lt::test {
+
+// Built once per test process (the base and the images do not change between tests).
+inline const std::filesystem::path& tiny_assets() {
+  static const std::filesystem::path dir = [] {
+    auto d = scratch_dir("train_assets");
+    train::write_demo_base(d / "base");
+    data::DemoDataOptions options;
+    options.count = 8;
+    options.size = 64;
+    data::make_demo_dataset(d / "data", options);
+    return d;
+  }();
+  return dir;
+}
+
+// A run config over the tiny assets; `extra_train` / `extra_memory` are YAML lines (indented by
+// the caller) added to the train: and memory: sections.
+inline std::filesystem::path write_tiny_config(const std::filesystem::path& run_root, const std::string& name,
+                                               int steps, const std::string& extra_train = "",
+                                               const std::string& extra_memory = "",
+                                               const std::string& sample_section = "      sample:\n        sample_every: 1000\n        prompts: []\n") {
+  const auto assets = tiny_assets();
+  std::filesystem::create_directories(run_root);
+  auto path = run_root / (name + ".yaml");
+  std::ofstream out(path);
+  out << "job: extension\nconfig:\n  name: " << name << "\n  process:\n    - type: sd_trainer\n"
+      << "      training_folder: " << run_root.string() << "\n      device: cpu\n      training_seed: 7\n"
+      << "      network:\n        linear: 4\n        linear_alpha: 4\n"
+      << "      save:\n        dtype: float32\n        save_every: 1000\n"
+      << "      datasets:\n        - folder_path: " << (assets / "data").string() << "\n          resolution: [64]\n"
+      << "          cache_latents: true\n"
+      << "      train:\n        steps: " << steps << "\n        lr: 1e-3\n        optimizer: adamw\n"
+      << "        gradient_checkpointing: false\n        batch_size: 2\n        disable_sampling: true\n" << extra_train
+      << "      model:\n        name_or_path: " << (assets / "base" / "model.safetensors").string() << "\n"
+      << sample_section
+      << "      memory:\n" << (extra_memory.empty() ? "        simulate_vram: 0\n" : extra_memory);
+  return path;
+}
+
+}  // namespace lt::test
