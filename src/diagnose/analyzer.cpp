@@ -959,9 +959,11 @@ void handle_guard(State& st, std::string_view text, std::string_view low, int64_
   size_t act = low.find("action: ");
   if (act != std::string_view::npos && g.actions.size() < 16) g.actions.push_back(std::string(low.substr(act + 8, 80)));
   // The guard states what it already changed: those fixes are done.
-  if (contains(low, "action: enable gradient_checkpointing") || contains(low, "gradient_checkpointing=true"))
+  // The guard's action lines read "<key>: <old> -> <new>" (src/memory/ladder.cpp).
+  if (contains(low, "gradient_checkpointing: false -> true") || contains(low, "gradient_checkpointing=true"))
     st.settings.gradient_checkpointing = true;
   if (g.batch) st.settings.batch_size = *g.batch;
+  if (contains(low, "train.batch_size: ") && contains(low, " -> 1")) st.settings.batch_size = 1;
   if (g.frames) st.settings.num_frames = *g.frames;
   if (g.bucket && (!st.settings.max_resolution || *g.bucket > *st.settings.max_resolution)) st.settings.max_resolution = *g.bucket;
 }
@@ -1108,6 +1110,9 @@ void LogAnalyzer::feed(const LogLine& line) {
   // Inside a traceback, file paths and code lines mention "quantize", "sample", "load_model"...:
   // activity comes from the frames there, not from markers.
   bool tb_body = st.in_traceback && !traceback_end;
+  // lora-train's guard lines are read by handle_guard alone: their "(step N, bucket WxH, batch B)"
+  // must not be taken for other trainers' bucket or settings lines.
+  const bool guard_line = contains(lowv, "oom-guard:");
   bool mem_line = false;
   bool bucket_line = false;
 
@@ -1266,9 +1271,9 @@ void LogAnalyzer::feed(const LogLine& line) {
         }
         break;
       case K::kSetting:
-        if (!tb_body) handle_setting(st, p.arg, lowv, pos, end);
+        if (!tb_body && !guard_line) handle_setting(st, p.arg, lowv, pos, end);
         break;
-      case K::kBucket: bucket_line = !tb_body; break;
+      case K::kBucket: bucket_line = !tb_body && !guard_line; break;
       case K::kFramesKey: break;
     }
   }

@@ -38,7 +38,7 @@ void add(std::vector<std::pair<std::string, at::Tensor>>& out, torch::nn::Module
 
 }  // namespace
 
-void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed) {
+void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed, bool full_size) {
   torch::manual_seed(seed);
   std::filesystem::create_directories(out_dir / "tokenizer");
   models::write_demo_vocabulary(out_dir / "tokenizer", kWords);
@@ -58,7 +58,9 @@ void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed) {
       {"cross_attention_dim", 64},
       {"norm_num_groups", 32},
   };
-  models::sd::UNet2DConditionModel unet(models::sd::UNetConfig::from_json(unet_json));
+  // Full size: the real SD1.5 shapes (diffusers defaults), for GPU smoke runs and benchmarks.
+  models::sd::UNet2DConditionModel unet(full_size ? models::sd::UNetConfig::sd15()
+                                                  : models::sd::UNetConfig::from_json(unet_json));
 
   // VAE: four levels (downscale factor 8, as SD's) at small widths.
   nlohmann::json vae_json = {
@@ -72,11 +74,11 @@ void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed) {
       {"norm_num_groups", 32},
       {"scaling_factor", 0.18215},
   };
-  models::sd::AutoencoderKL vae(models::sd::VAEConfig::from_json(vae_json));
+  models::sd::AutoencoderKL vae(full_size ? models::sd::VAEConfig::sd() : models::sd::VAEConfig::from_json(vae_json));
 
   // CLIP text encoder: 64 wide (one 64-wide head per layer, gelu, as detect_from_weights assumes
   // for widths other than OpenAI's 768), 2 layers, the demo vocabulary.
-  nlohmann::json clip_json = {
+  nlohmann::json clip_json = {  // (replaced below for full size)
       {"vocab_size", tokenizer.vocab_size()},
       {"hidden_size", 64},
       {"intermediate_size", 256},
@@ -88,6 +90,13 @@ void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed) {
       {"eos_token_id", 2},
       {"pad_token_id", 1},
   };
+  if (full_size) {
+    // CLIP ViT-L/14's text tower, as SD1.5 ships it (quick_gelu, 12 heads of 64, 49408 tokens).
+    clip_json = {{"vocab_size", 49408},           {"hidden_size", 768},       {"intermediate_size", 3072},
+                 {"num_hidden_layers", 12},       {"num_attention_heads", 12}, {"max_position_embeddings", 77},
+                 {"hidden_act", "quick_gelu"},    {"bos_token_id", tokenizer.bos_token_id()},
+                 {"eos_token_id", 2},             {"pad_token_id", 1}};
+  }
   models::CLIPTextModel text_encoder(models::CLIPTextConfig::from_json(clip_json));
 
   std::vector<std::pair<std::string, at::Tensor>> tensors;

@@ -270,7 +270,7 @@ RunResult Trainer::run() {
     if (request_.on_training_start) request_.on_training_start(*memory_);
     ProgressLine progress;
     MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
-    spdlog::info("training {} steps from step {} ({})", total_steps_, step_ + 1, memory::summarize(settings_));
+    spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, memory::summarize(settings_));
     while (step_ < total_steps_) {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state()};
       const auto started = std::chrono::steady_clock::now();
@@ -329,7 +329,11 @@ RunResult Trainer::run() {
     config::write_effective_yaml(config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
     spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
   }
-  spdlog::info("{}", guard_->summary());
+  // One log line per summary line, each marked as the guard's (diagnose reads them as such).
+  for (const auto& line : split(guard_->summary(), '\n')) {
+    if (trim(line).empty()) continue;
+    spdlog::info("{}{}", starts_with(line, "oom-guard:") ? "" : "oom-guard: ", line);
+  }
   write_report(0, "completed");
   spdlog::info("done: {} ({} steps)", result_.lora_path.string(), step_);
   return result_;

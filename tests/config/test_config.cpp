@@ -45,7 +45,7 @@ std::string error_of(const std::function<void()>& f) {
 CATCH_TEST_CASE("every example config validates", "[config]") {
   const fs::path dir = lt::test::source_dir() / "configs";
   int count = 0;
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {  // configs/smoke/ too
     if (entry.path().extension() != ".yaml") continue;
     CATCH_INFO(entry.path().string());
     JobConfig job;

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "loratrain/config/config.h"
+#include "loratrain/diagnose/analyzer.h"
+#include "loratrain/diagnose/fixes.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/memory/budget_allocator.h"
 #include "loratrain/train/trainer.h"
@@ -74,6 +76,15 @@ CATCH_TEST_CASE("early-step OOM: checkpointing, then batch 1 with accumulation, 
   CATCH_REQUIRE(actions.size() >= 1);
   CATCH_CHECK(actions[0] == "enable_checkpointing");
   if (actions.size() >= 2) CATCH_CHECK(actions[1] == "batch_to_one");
+  // Round trip: diagnose reads the guard's own log as an early-step OOM of lora-train, knows the
+  // guard already turned checkpointing on, and names the guard's next lever first.
+  auto diagnosis = lt::diagnose::diagnose_path((root / "early" / "log.txt").string());
+  CATCH_CHECK(diagnosis.oom);
+  CATCH_CHECK(diagnosis.phase == lt::diagnose::Phase::kEarlySteps);
+  auto fixes = lt::diagnose::plan_fixes(diagnosis);
+  CATCH_REQUIRE_FALSE(fixes.empty());
+  for (const auto& fix : fixes) CATCH_CHECK(fix.id != "gradient_checkpointing");
+  if (actions.size() == 1) CATCH_CHECK(fixes.front().config_key.find("batch_size") != std::string::npos);
   // The working settings are written down, and they keep the effective batch.
   auto effective = lt::config::load_config(root / "early" / "effective.yaml");
   const auto& p = lt::config::the_process(effective);
