@@ -6,6 +6,9 @@
 
 #include "commands.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/lora/format.h"
+#include "loratrain/models/sd/unet.h"
+#include "loratrain/models/sd/vae.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
@@ -45,6 +48,21 @@ int inspect(const std::filesystem::path& target) {
   std::cout << fmt::format("file:    {} ({} tensors)\n", target.string(), file->tensors().size());
   auto detection = models::detect_checkpoint(*file);
   print_detection(detection);
+  if (detection.family == models::ModelFamily::kLoRA) {
+    std::string text = lora::describe(lora::inspect_lora(*file));
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    std::cout << text;
+    return 0;  // describe() lists the training metadata itself
+  } else if (detection.family == models::ModelFamily::kSD1 || detection.family == models::ModelFamily::kSD2) {
+    // The configuration the weights imply (what `run` builds).
+    for (const auto& c : detection.components) {
+      if (c.name == "unet") {
+        std::cout << "unet config: " << models::sd::UNetConfig::detect_from_weights(*file, c.prefix).to_json().dump() << "\n";
+      } else if (c.name == "vae") {
+        std::cout << "vae config:  " << models::sd::VAEConfig::detect_from_weights(*file, c.prefix).to_json().dump() << "\n";
+      }
+    }
+  }
   if (!file->metadata().empty()) {
     std::cout << "metadata:\n";
     for (const auto& [k, v] : file->metadata()) {
