@@ -206,6 +206,8 @@ class Trainer {
 
   std::unique_ptr<data::Dataset> dataset_;
   std::unique_ptr<data::BatchIterator> batches_;
+  data::BucketOptions bucket_options_;
+  data::BatchOptions batch_options_;
   std::unique_ptr<data::LatentCache> latent_cache_;
   std::unique_ptr<data::TextEmbeddingCache> text_cache_;
 
@@ -222,6 +224,7 @@ class Trainer {
     at::Tensor noise_rng;
     at::Tensor global_rng;
   } step_start_;
+  bool in_train_step_ = false;
   double last_loss_ = 0;
   std::vector<size_t> step_images_;  // images of the step in progress
 };
@@ -274,7 +277,9 @@ RunResult Trainer::run() {
     while (step_ < total_steps_) {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state()};
       const auto started = std::chrono::steady_clock::now();
+      in_train_step_ = true;
       run_phase(Phase::train_step, step_context(), [this] { train_step(); });
+      in_train_step_ = false;
       ++step_;
       for (size_t image : step_images_) result_.images_seen[image] += 1;
       result_.losses.push_back(last_loss_);
@@ -299,7 +304,7 @@ RunResult Trainer::run() {
       if (sampling_due(step_)) {
         progress.finish();
         run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height},
-                  [this] { sample_previews(step_); });
+                  [this] { if (!settings_.disable_sampling) sample_previews(step_); });
       }
       const bool save_due = p_->save.save_every > 0 && step_ % p_->save.save_every == 0 && step_ < total_steps_;
       if (save_due) {
@@ -319,7 +324,7 @@ RunResult Trainer::run() {
     progress.finish();
     run_phase(Phase::save, {step_}, [this] { save_checkpoint(step_, true); });
     if (!settings_.disable_sampling && p_->sample.sample_every > 0 && step_ % p_->sample.sample_every != 0) {
-      run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] { sample_previews(step_); });
+      run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] { if (!settings_.disable_sampling) sample_previews(step_); });
     }
   } catch (const memory::OomGiveUp& g) {
     result_.exit_code = give_up(g);
@@ -437,16 +442,14 @@ void Trainer::prepare_data() {
   dataset_ = std::make_unique<data::Dataset>(options);
   result_.images_seen.assign(dataset_->size(), 0);
 
-  data::BucketOptions buckets;
-  buckets.resolutions = d.resolution;
-  buckets.divisibility = 16;  // SD: VAE factor 8 x 2 (the UNet halves the latent three times)
-  buckets.enabled = d.buckets;
-  data::BatchOptions batch_options;
-  batch_options.batch_size = settings_.batch_size;
-  batch_options.seed = seed();
-  batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(buckets), batch_options);
+  bucket_options_.resolutions = d.resolution;
+  bucket_options_.divisibility = 16;  // SD: VAE factor 8 x 2 (the UNet halves the latent three times)
+  bucket_options_.enabled = d.buckets;
+  batch_options_.batch_size = settings_.batch_size;
+  batch_options_.seed = seed();
+  batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
-  noise_rng_ = sample::make_generator(batch_options.seed);
+  noise_rng_ = sample::make_generator(batch_options_.seed);
 }
 
 void Trainer::build_caches() {
@@ -794,9 +797,23 @@ void Trainer::apply_settings(const memory::MemorySettings& next) {
     model_->unet()->set_gradient_checkpointing(next.gradient_checkpointing);
   }
   if (batches_) {
-    batches_->seek(step_start_.position);
-    if (next.batch_size != previous.batch_size) batches_->set_batch_size(next.batch_size);
-    for (int i = previous.dropped_largest; i < next.dropped_largest; ++i) {
+    // Inside a training step the data goes back to the step's start (the step is retried with
+    // the same batch); between steps (sampling, saving) the position stays where it is.
+    if (in_train_step_) batches_->seek(step_start_.position);
+    if (next.dropped_largest < previous.dropped_largest) {
+      // A scale-up re-enables a dropped bucket: plan again from the dataset, drop down to the
+      // new count, and continue at the same place in the epoch.
+      const data::BatchPosition at = batches_->position();
+      batch_options_.batch_size = previous.batch_size;
+      batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
+      for (int i = 0; i < next.dropped_largest; ++i) batches_->drop_largest_resolution();
+      batches_->seek({at.epoch, std::min(at.index, batches_->batches_per_epoch() - 1)});
+    }
+    if (next.batch_size != previous.batch_size) {
+      batches_->set_batch_size(next.batch_size);
+      batch_options_.batch_size = next.batch_size;
+    }
+    for (int i = std::max(previous.dropped_largest, 0); next.dropped_largest > previous.dropped_largest && i < next.dropped_largest; ++i) {
       if (auto drop = batches_->drop_largest_resolution()) {
         spdlog::info("resolution {} dropped: {} entries re-bucketed to {}", drop->from, drop->moved_entries, drop->to);
       }
@@ -807,7 +824,7 @@ void Trainer::apply_settings(const memory::MemorySettings& next) {
         return model_->encode_images(pixels, generator).to(at::kCPU);
       });
     }
-    step_start_.position = batches_->position();
+    if (in_train_step_) step_start_.position = batches_->position();
   }
   if (next.quantize != memory::Quantize::none && previous.quantize == memory::Quantize::none) quantize_base();
   if (next.low_vram && !previous.low_vram) {

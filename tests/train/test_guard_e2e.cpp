@@ -158,3 +158,42 @@ CATCH_TEST_CASE("a base larger than the budget: ladder exhausted, exit 3, fixed.
   const auto& p = lt::config::the_process(fixed);
   CATCH_CHECK(p.model.low_vram);
 }
+
+CATCH_TEST_CASE("OOM only while sampling: previews shrink, then stop; training is untouched", "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_sampling");
+  const std::string previews =
+      "      sample:\n        sample_every: 2\n        width: 512\n        height: 512\n        sample_steps: 2\n"
+      "        sampler: ddim\n        prompts: [\"a red circle\"]\n";
+  const std::vector<std::string> with_sampling = {"train.disable_sampling=false", "train.skip_first_sample=true"};
+  lt::train::RunRequest calibrate;
+  calibrate.config_path = lt::test::write_tiny_config(root / "calib", "calib", 2, "", "", previews);
+  calibrate.overrides = with_sampling;
+  CATCH_REQUIRE(lt::train::run_training(calibrate).exit_code == 0);
+  auto peaks = read_json(root / "calib" / "calib" / "report.json");
+  const int64_t sample_peak = phase_peak(peaks, "sample");
+  const int64_t training_peak = std::max({phase_peak(peaks, "load"), phase_peak(peaks, "cache"),
+                                          phase_peak(peaks, "train_step"), phase_peak(peaks, "save")});
+  CATCH_INFO("sample peak " << sample_peak << ", training peak " << training_peak);
+  CATCH_REQUIRE(sample_peak > training_peak * 11 / 10);
+  const int64_t budget = training_peak + (sample_peak - training_peak) / 8;
+
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root / "run", "sampling", 6, "",
+                                                    "        simulate_vram: " + std::to_string(budget) + "\n", previews);
+  request.overrides = with_sampling;
+  auto result = lt::train::run_training(request);
+  CATCH_REQUIRE(result.exit_code == 0);
+  auto report = read_json(root / "run" / "sampling" / "report.json");
+  auto actions = actions_of(report);
+  CATCH_INFO(report.at("attempts").dump(1));
+  CATCH_REQUIRE_FALSE(actions.empty());
+  CATCH_CHECK(actions.front() == "shrink_samples");
+  CATCH_CHECK(actions.back() == "disable_sampling");
+  for (const auto& a : report.at("attempts")) CATCH_CHECK(a.at("phase") == "sample");
+
+  lt::train::RunRequest quiet;
+  quiet.config_path = lt::test::write_tiny_config(root / "quiet", "sampling", 6, "", "", previews);
+  auto reference = lt::train::run_training(quiet);  // disable_sampling: true (the fixture's default)
+  CATCH_REQUIRE(reference.exit_code == 0);
+  CATCH_CHECK(result.losses == reference.losses);
+}
