@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "loratrain/models/json_fields.h"
 #include "loratrain/util/error.h"
 
 namespace lt::models::sd {
@@ -21,13 +22,7 @@ namespace {
 
 template <typename T>
 T get_or(const nlohmann::json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    config_error(std::string("'") + key + "' has the wrong type (" + it->dump() + ")");
-  }
+  return json_get_or(j, key, fallback, "UNet");
 }
 
 // A value given either once for all blocks or as one per down block (diffusers expands ints).

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loratrain/models/sd/unet.h"
+#include "loratrain/models/json_fields.h"
 #include "loratrain/util/error.h"
 
 namespace lt::models::sd {
@@ -19,13 +20,7 @@ namespace {
 
 template <typename T>
 T get_or(const nlohmann::json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    config_error(std::string("'") + key + "' has the wrong type (" + it->dump() + ")");
-  }
+  return json_get_or(j, key, fallback, "VAE");
 }
 
 void validate(const VAEConfig& c) {
