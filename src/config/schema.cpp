@@ -97,8 +97,10 @@ const Table<SaveConfig>& save_table() {
     t.push_back(field("max_step_saves_to_keep", &S::max_step_saves_to_keep,
                       "Keep this many step checkpoints; older ones are deleted.")
                     .min(0));
-    t.push_back(field("save_format", &S::save_format, "File format of the adapter.")
-                    .one_of({"safetensors"})
+    t.push_back(field("save_format", &S::save_format,
+                      "Key layout of the LoRA file: safetensors = kohya keys (lora_unet_..., what ComfyUI and "
+                      "A1111/Forge load); peft = diffusers/PEFT keys (unet....lora_A/lora_B).")
+                    .one_of({"safetensors", "peft"})
                     .not_yet({"diffusers"}));
     t.push_back(not_yet<S>("push_to_hub", "boolean", "false", "Upload to the Hugging Face Hub."));
     t.push_back(not_yet<S>("hf_repo_id", "string", "null", "Hub repository for push_to_hub."));

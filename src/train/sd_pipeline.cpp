@@ -174,17 +174,31 @@ bool SDPipeline::has(Component c) const {
 }
 
 void SDPipeline::release(Component c) {
-  if (c == Component::vae) vae_ = models::sd::AutoencoderKL(nullptr);
-  if (c == Component::text_encoder) text_encoder_ = models::CLIPTextModel(nullptr);
+  // On a GPU the module waits in host RAM; on the CPU (where "device" memory is host memory, e.g.
+  // under a simulated VRAM budget) it is dropped and read from the checkpoint again when needed.
+  if (c == Component::vae && !vae_.is_empty()) {
+    if (options_.device.is_cpu()) vae_ = models::sd::AutoencoderKL(nullptr);
+    else vae_->to(c10::Device(c10::kCPU));
+    vae_offloaded_ = true;
+  }
+  if (c == Component::text_encoder && !text_encoder_.is_empty()) {
+    if (options_.device.is_cpu()) text_encoder_ = models::CLIPTextModel(nullptr);
+    else text_encoder_->to(c10::Device(c10::kCPU));
+    text_encoder_offloaded_ = true;
+  }
 }
 
 models::sd::AutoencoderKL& SDPipeline::vae() {
   if (vae_.is_empty()) load_vae();
+  else if (vae_offloaded_) vae_->to(options_.device);
+  vae_offloaded_ = false;
   return vae_;
 }
 
 models::CLIPTextModel& SDPipeline::text_encoder() {
   if (text_encoder_.is_empty()) load_text_encoder();
+  else if (text_encoder_offloaded_) text_encoder_->to(options_.device);
+  text_encoder_offloaded_ = false;
   return text_encoder_;
 }
 

@@ -186,6 +186,7 @@ class Trainer {
   PhaseContext step_context() const;
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   bool sampling_due(int64_t step) const;
+  bool unscale_gradients();
 
   RunRequest request_;
   RunResult result_;
@@ -225,6 +226,8 @@ class Trainer {
     at::Tensor global_rng;
   } step_start_;
   bool in_train_step_ = false;
+  double loss_scale_ = 65536.0;  // fp16 only
+  int64_t clean_steps_ = 0;
   double last_loss_ = 0;
   std::vector<size_t> step_images_;  // images of the step in progress
 };
@@ -626,13 +629,37 @@ void Trainer::train_step() {
     at::Tensor weights;
     if (p_->train.min_snr_gamma) weights = noise_schedule_.min_snr_weights(noise.timesteps, *p_->train.min_snr_gamma, prediction_);
     at::Tensor loss = sample::weighted_mean(per_sample, weights) / accumulation;
-    loss.backward();
+    // fp16 activations underflow in backward: scale the loss up, and the gradients back down below.
+    (dtype_ == at::kHalf ? loss * loss_scale_ : loss).backward();
     loss_sum += loss.item<double>();
+  }
+  last_loss_ = loss_sum;
+  if (dtype_ == at::kHalf && !unscale_gradients()) {
+    optimizer_->zero_grad();  // overflow: skip this update, halve the scale (dynamic loss scaling)
+    return;
   }
   optim::clip_grad_norm(optimizer_->params(), p_->train.max_grad_norm);
   optimizer_->step(lr_schedule_.lr_at(step_));
   optimizer_->zero_grad();
-  last_loss_ = loss_sum;
+}
+
+// Divides the adapter gradients by the loss scale; false (and the scale halved) when any is inf
+// or nan. After 2000 clean steps the scale doubles, as torch.cuda.amp.GradScaler does.
+bool Trainer::unscale_gradients() {
+  bool finite = true;
+  for (auto& p : optimizer_->params()) {
+    if (!p.grad().defined()) continue;
+    p.mutable_grad().div_(loss_scale_);
+    finite = finite && p.grad().isfinite().all().item<bool>();
+  }
+  if (!finite) {
+    loss_scale_ = std::max(1.0, loss_scale_ / 2);
+    clean_steps_ = 0;
+    spdlog::warn("fp16 gradients overflowed at step {}: update skipped, loss scale now {}", step_ + 1, loss_scale_);
+    return false;
+  }
+  if (++clean_steps_ % 2000 == 0) loss_scale_ *= 2;
+  return true;
 }
 
 bool Trainer::sampling_due(int64_t step) const {
@@ -728,9 +755,7 @@ void Trainer::sample_previews(int64_t step) {
 
 void Trainer::save_checkpoint(int64_t step, bool final) {
   lora::SaveOptions options;
-  options.format = to_lower(p_->save.save_format) == "diffusers" || to_lower(p_->save.save_format) == "peft"
-                       ? lora::LoRAFormat::PEFT
-                       : lora::LoRAFormat::Kohya;
+  options.format = p_->save.save_format == "peft" ? lora::LoRAFormat::PEFT : lora::LoRAFormat::Kohya;
   options.dtype = dtype_from_name(config::canonical_dtype(p_->save.dtype));
   options.metadata = {{"ss_output_name", job_.name},
                       {"ss_base_model_version", std::string(models::family_name(model_->family())) == "sd2" ? "sd_v2" : "sd_v1"},

@@ -47,7 +47,8 @@ class SDPipeline {
   models::CLIPTextModel& text_encoder();      // likewise
   const models::CLIPTokenizer& tokenizer() const { return *tokenizer_; }
   bool has(Component c) const;
-  void release(Component c);                        // frees the module's weights (low-VRAM path)
+  // The low-VRAM path: the module leaves the device until it is used again.
+  void release(Component c);
 
   // Captions -> encoder_hidden_states [B, 77, D] (the final layer's normalised output).
   at::Tensor encode_text(const std::vector<std::string>& captions);
@@ -71,6 +72,8 @@ class SDPipeline {
   models::sd::AutoencoderKL vae_{nullptr};
   models::CLIPTextModel text_encoder_{nullptr};
   std::unique_ptr<models::CLIPTokenizer> tokenizer_;
+  bool vae_offloaded_ = false;           // released: in host RAM (GPU) or not loaded (CPU)
+  bool text_encoder_offloaded_ = false;
 };
 
 // at::ScalarType for the config's dtype names (fp32/fp16/bf16 and their long forms).
