@@ -50,9 +50,11 @@ std::string file_identity(const fs::path& p) {
   return fs::absolute(p).string() + ":" + std::to_string(ec ? 0 : size);
 }
 
+// Device, dtype, eval mode, and frozen: base weights never train (adapters live outside them).
 void place(torch::nn::Module& module, at::ScalarType dtype, c10::Device device) {
   module.to(device, dtype);
   module.eval();
+  for (auto& p : module.parameters()) p.set_requires_grad(false);
 }
 
 }  // namespace
@@ -108,8 +110,10 @@ SDPipeline::SDPipeline(SDLoadOptions options) : options_(std::move(options)) {
                      "model.tokenizer_path to a diffusers tokenizer/ folder (vocab.json + merges.txt) or to "
                      "OpenAI's bpe_simple_vocab_16e6.txt.gz");
   }
-  load_text_encoder();
-  load_vae();
+  if (!options_.defer_encoders) {
+    load_text_encoder();
+    load_vae();
+  }
 }
 
 void SDPipeline::load_text_encoder() {

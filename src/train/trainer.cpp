@@ -389,6 +389,7 @@ void Trainer::load_model() {
   if (p_->model.vae_path) options.vae_path = *p_->model.vae_path;
   options.dtype = dtype_;
   options.device = device_;
+  options.defer_encoders = settings_.low_vram && !p_->train.train_text_encoder;
   model_ = std::make_unique<SDPipeline>(options);
   spdlog::info("loaded {} base from {}", models::family_name(model_->family()), p_->model.name_or_path);
   prediction_ = p_->model.is_v_pred ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
@@ -405,7 +406,9 @@ void Trainer::load_model() {
   net.train_text_encoder = p_->train.train_text_encoder;
   network_ = lora::LoRANetwork(net);
   network_->add_component(lora::ComponentSpec::sd_unet(), *model_->unet());
-  network_->add_component(lora::ComponentSpec::text_encoder(0), *model_->text_encoder());
+  // A frozen text encoder gets no adapters: add it only when it trains (the low-VRAM path has
+  // not even loaded it yet).
+  if (p_->train.train_text_encoder) network_->add_component(lora::ComponentSpec::text_encoder(0), *model_->text_encoder());
   network_->to(device_);
   network_->apply_to();
   spdlog::info("LoRA: {} UNet and {} text-encoder modules, rank {}, alpha {}", network_->count(true), network_->count(false),
@@ -470,6 +473,8 @@ void Trainer::build_caches() {
       return model_->encode_images(pixels, generator).to(at::kCPU);
     });
     spdlog::info("latents: {} encoded, {} from disk, {} in memory", stats.encoded, stats.from_disk, stats.in_memory);
+    // On the low-VRAM path the VAE leaves before the text encoder arrives.
+    if (settings_.low_vram) model_->release(Component::vae);
   }
   if (!p_->train.train_text_encoder) {
     data::CacheOptions options;

@@ -197,3 +197,27 @@ CATCH_TEST_CASE("OOM only while sampling: previews shrink, then stop; training i
   CATCH_REQUIRE(reference.exit_code == 0);
   CATCH_CHECK(result.losses == reference.losses);
 }
+
+CATCH_TEST_CASE("OOM at load: baseline skipped, then the low-VRAM path, and the run completes", "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_load");
+  const std::string previews =
+      "      sample:\n        sample_every: 1000\n        width: 64\n        height: 64\n        sample_steps: 2\n"
+      "        sampler: ddim\n        prompts: [\"a red circle\"]\n";
+  lt::train::RunRequest request;
+  // 20 MiB: the tiny base (UNet + VAE + text encoder, about 21 MiB in fp32) does not load whole.
+  request.config_path = lt::test::write_tiny_config(root, "load", 3, "", "        simulate_vram: 20MiB\n", previews);
+  request.overrides = {"train.disable_sampling=false", "train.gradient_checkpointing=true", "train.batch_size=1"};
+  auto result = lt::train::run_training(request);
+  auto report = read_json(root / "load" / "report.json");
+  auto actions = actions_of(report);
+  CATCH_INFO(report.at("attempts").dump(1));
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 3);
+  CATCH_REQUIRE(actions.size() >= 2);
+  CATCH_CHECK(actions[0] == "skip_baseline_sample");
+  CATCH_CHECK(std::find(actions.begin(), actions.end(), "enable_low_vram") != actions.end());
+  CATCH_CHECK(report.at("attempts")[0].at("phase") == "load");
+  auto effective = lt::config::load_config(root / "load" / "effective.yaml");
+  CATCH_CHECK(lt::config::the_process(effective).model.low_vram);
+  CATCH_CHECK(lt::config::the_process(effective).train.skip_first_sample);
+}

@@ -25,6 +25,9 @@ struct SDLoadOptions {
   std::optional<std::filesystem::path> vae_path;  // model.vae_path: a VAE file replacing the bundled one
   at::ScalarType dtype = at::kFloat;              // frozen weights and compute
   c10::Device device = c10::Device(c10::kCPU);
+  // The low-VRAM path: load only the UNet now; the VAE and text encoder are loaded when first
+  // used, so they never sit on the device together with everything else during the load.
+  bool defer_encoders = false;
 };
 
 // Which components to (re)load: the OOM guard's low-VRAM path drops the VAE and text encoder
