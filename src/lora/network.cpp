@@ -60,13 +60,8 @@ LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::sh
       alpha(alpha_ == 0.0 ? static_cast<double>(rank_) : alpha_),
       dropout(dropout_) {
   TORCH_CHECK(leaf, "LoRA module ", lora_name, ": no leaf");
-  TORCH_CHECK(rank > 0, "LoRA module ", lora_name, ": rank must be positive");
   linear_leaf_ = leaf;
-  leaf_shape_ = leaf->weight.sizes().vec();
-  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(leaf->weight.device());
-  lora_down = register_parameter("lora_down_weight", torch::empty({rank, leaf->in_features}, opts));
-  lora_up = register_parameter("lora_up_weight", torch::empty({leaf->out_features, rank}, opts));
-  init_weights();
+  create_weights({rank, leaf->in_features}, {leaf->out_features, rank}, leaf->weight);
 }
 
 LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::shared_ptr<Conv2dImpl>& leaf,
@@ -77,16 +72,21 @@ LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::sh
       alpha(alpha_ == 0.0 ? static_cast<double>(rank_) : alpha_),
       dropout(dropout_) {
   TORCH_CHECK(leaf, "LoRA module ", lora_name, ": no leaf");
-  TORCH_CHECK(rank > 0, "LoRA module ", lora_name, ": rank must be positive");
   conv_leaf_ = leaf;
   is_conv_ = true;
   stride_ = leaf->stride;
   padding_ = leaf->padding;
-  leaf_shape_ = leaf->weight.sizes().vec();
-  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(leaf->weight.device());
   const int64_t k = leaf->kernel_size;
-  lora_down = register_parameter("lora_down_weight", torch::empty({rank, leaf->in_channels, k, k}, opts));
-  lora_up = register_parameter("lora_up_weight", torch::empty({leaf->out_channels, rank, 1, 1}, opts));
+  create_weights({rank, leaf->in_channels, k, k}, {leaf->out_channels, rank, 1, 1}, leaf->weight);
+}
+
+// Both leaf kinds: fp32 down/up on the leaf's device, initialised as kohya does.
+void LoRAModuleImpl::create_weights(at::IntArrayRef down_shape, at::IntArrayRef up_shape, const at::Tensor& leaf_weight) {
+  TORCH_CHECK(rank > 0, "LoRA module ", lora_name, ": rank must be positive");
+  leaf_shape_ = leaf_weight.sizes().vec();
+  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(leaf_weight.device());
+  lora_down = register_parameter("lora_down_weight", torch::empty(down_shape, opts));
+  lora_up = register_parameter("lora_up_weight", torch::empty(up_shape, opts));
   init_weights();
 }
 

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstring>
+
 #include "loratrain/io/safetensors.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"

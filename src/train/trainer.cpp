@@ -821,7 +821,6 @@ void Trainer::run_phase(Phase phase, PhaseContext where, const std::function<voi
 void Trainer::apply_settings(const memory::MemorySettings& next) {
   const memory::MemorySettings previous = settings_;
   settings_ = next;
-  result_.actions.push_back(memory::summarize(next));
   if (!model_) return;  // failed while loading: load_model() reads settings_ on the retry
   if (next.gradient_checkpointing != previous.gradient_checkpointing) {
     model_->unet()->set_gradient_checkpointing(next.gradient_checkpointing);
@@ -885,6 +884,8 @@ int Trainer::give_up(const memory::OomGiveUp& g) {
 }
 
 void Trainer::write_report(int exit_code, const std::string& outcome) {
+  result_.actions.clear();
+  for (const auto& attempt : guard_->attempts()) result_.actions.push_back(attempt.description);
   nlohmann::json report = guard_->to_json();
   report["outcome"] = outcome;
   report["exit_code"] = exit_code;

@@ -75,6 +75,8 @@ CATCH_TEST_CASE("early-step OOM: checkpointing, then batch 1 with accumulation, 
   CATCH_INFO(report.dump(1));
   CATCH_REQUIRE(actions.size() >= 1);
   CATCH_CHECK(actions[0] == "enable_checkpointing");
+  CATCH_REQUIRE(result.actions.size() == actions.size());
+  CATCH_CHECK(result.actions[0] == "train.gradient_checkpointing: false -> true");
   if (actions.size() >= 2) CATCH_CHECK(actions[1] == "batch_to_one");
   // Round trip: diagnose reads the guard's own log as an early-step OOM of lora-train, knows the
   // guard already turned checkpointing on, and names the guard's next lever first.

@@ -105,6 +105,7 @@ class LoRAModuleImpl : public torch::nn::Module, public lt::models::Adapter {
   at::Tensor lora_up;    // [out, rank] or [out, rank, 1, 1], fp32, registered "lora_up_weight"
 
  private:
+  void create_weights(at::IntArrayRef down_shape, at::IntArrayRef up_shape, const at::Tensor& leaf_weight);
   void init_weights();
   bool is_conv_ = false;
   int64_t stride_ = 1;
