@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "loratrain/io/safetensors.h"
+#include "loratrain/playbook/vocabulary.h"
 
 namespace lt::models {
 
-enum class ModelFamily { kUnknown, kSD1, kSD2, kSDXL, kFlux, kWan21, kLoRA };
+using playbook::ModelFamily;
 enum class KeyFormat { kUnknown, kLDM, kDiffusers, kBFL, kWanOriginal, kKohyaLoRA, kPeftLoRA };
 
-const char* family_name(ModelFamily f);  // "sd1", "sd2", "sdxl", "flux", "wan21", "lora", "unknown"
 const char* format_name(KeyFormat f);    // "ldm-single-file", "diffusers", ...
 
 struct Component {
@@ -25,10 +25,11 @@ struct Component {
 };
 
 struct Detection {
-  ModelFamily family = ModelFamily::kUnknown;
+  ModelFamily family = ModelFamily::kUnknown;  // unknown for a LoRA file
   KeyFormat format = KeyFormat::kUnknown;
   std::vector<Component> components;
   std::string evidence;  // the key(s) that decided it, for messages
+  bool is_lora() const { return format == KeyFormat::kKohyaLoRA || format == KeyFormat::kPeftLoRA; }
 };
 
 // One safetensors file (single-file checkpoint, one diffusers component file, or a LoRA file).
