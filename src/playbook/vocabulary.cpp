@@ -98,4 +98,11 @@ bool is_video(ModelFamily f) {
          f == ModelFamily::kCogVideo || f == ModelFamily::kMochi;
 }
 
+std::optional<ModelFamily> family_from_arch(std::string_view arch) {
+  if (arch.empty()) return std::nullopt;
+  if (arch == "wan21") return ModelFamily::kWan;
+  if (auto family = family_from_string(arch)) return family;
+  return ModelFamily::kUnknown;
+}
+
 }  // namespace lt::playbook

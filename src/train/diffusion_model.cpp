@@ -54,6 +54,15 @@ void place(torch::nn::Module& module, at::ScalarType dtype, c10::Device device) 
   for (auto& p : module.parameters()) p.set_requires_grad(false);
 }
 
+const at::Tensor& text_tensor(const TextEmbedding& text, const std::string& name) {
+  std::string present;
+  for (const auto& [key, tensor] : text) {
+    if (key == name) return tensor;
+    present += (present.empty() ? "" : ", ") + key;
+  }
+  throw Error(ExitCode::kRuntime, "text conditioning has no '" + name + "' (has: " + present + ")");
+}
+
 }  // namespace family
 
 namespace {

@@ -42,10 +42,8 @@ class SDModel final : public DiffusionModel {
   void release(Encoder which) override;
 
  private:
-  models::sd::AutoencoderKL& vae();           // loads it again when it was released
-  models::CLIPTextModel& text_encoder();      // likewise
-  void load_vae();
-  void load_text_encoder();
+  models::sd::AutoencoderKL load_vae() const;
+  models::CLIPTextModel load_text_encoder() const;
 
   ModelLoadOptions options_;
   ModelTraits traits_;
@@ -53,11 +51,9 @@ class SDModel final : public DiffusionModel {
   std::string model_id_;
   std::shared_ptr<io::SafetensorsFile> single_file_handle_;
   models::sd::UNet2DConditionModel unet_{nullptr};
-  models::sd::AutoencoderKL vae_{nullptr};
-  models::CLIPTextModel text_encoder_{nullptr};
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return load_vae(); }, options_.device};
+  family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return load_text_encoder(); }, options_.device};
   std::unique_ptr<models::CLIPTokenizer> tokenizer_;
-  bool vae_offloaded_ = false;           // released: in host RAM (GPU) or not loaded (CPU)
-  bool text_encoder_offloaded_ = false;
   const lora::ComponentSpec unet_spec_ = lora::ComponentSpec::sd_unet();
   const lora::ComponentSpec text_spec_ = lora::ComponentSpec::text_encoder(0);
 };
@@ -106,13 +102,14 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
                      "OpenAI's bpe_simple_vocab_16e6.txt.gz");
   }
   // A trained text encoder is needed at once (its adapters attach at load).
-  if (!options_.defer_encoders || options_.train_text_encoder) load_text_encoder();
-  if (!options_.defer_encoders) load_vae();
+  if (!options_.defer_encoders || options_.train_text_encoder) text_encoder_.get();
+  if (!options_.defer_encoders) vae_.get();
   traits_.latent_downscale = 8;
 }
 
-void SDModel::load_text_encoder() {
+models::CLIPTextModel SDModel::load_text_encoder() const {
   const fs::path& path = options_.name_or_path;
+  models::CLIPTextModel text_encoder(nullptr);
   if (single_file_) {
     const std::string prefix = "cond_stage_model.transformer.";
     const models::KeyMap key_map = models::clip_ldm_key_map();
@@ -127,70 +124,49 @@ void SDModel::load_text_encoder() {
                        " (SD2's OpenCLIP single files are not supported yet: use a diffusers folder)");
     }
     auto config = models::CLIPTextConfig::detect_from_weights(shapes);
-    text_encoder_ = models::CLIPTextModel(config);
+    text_encoder = models::CLIPTextModel(config);
     auto load = models::clip_text_load_options();
     load.prefix = prefix;
     load.rename = [&key_map, &prefix](const std::string& key) { return key_map.to_diffusers(prefix + key); };
-    models::load_state_dict(*text_encoder_, *single_file_handle_, load);
+    models::load_state_dict(*text_encoder, *single_file_handle_, load);
   } else {
     auto config = models::CLIPTextConfig::from_file(path / "text_encoder" / "config.json");
-    text_encoder_ = models::CLIPTextModel(config);
+    text_encoder = models::CLIPTextModel(config);
     auto weights = io::SafetensorsFile::open(family::component_weights(path / "text_encoder"));
-    models::load_state_dict(*text_encoder_, *weights, models::clip_text_load_options());
+    models::load_state_dict(*text_encoder, *weights, models::clip_text_load_options());
   }
-  family::place(*text_encoder_, options_.dtype, options_.device);
+  family::place(*text_encoder, options_.dtype, options_.device);
+  return text_encoder;
 }
 
-void SDModel::load_vae() {
+models::sd::AutoencoderKL SDModel::load_vae() const {
   const fs::path& path = options_.name_or_path;
+  models::sd::AutoencoderKL vae(nullptr);
   if (options_.vae_path) {
     auto file = io::SafetensorsFile::open(*options_.vae_path);
     const std::string prefix = file->contains("first_stage_model.encoder.conv_in.weight") ? "first_stage_model." : "";
-    vae_ = models::sd::AutoencoderKL(models::sd::VAEConfig::detect_from_weights(*file, prefix));
-    models::sd::load_vae(*vae_, *file);
+    vae = models::sd::AutoencoderKL(models::sd::VAEConfig::detect_from_weights(*file, prefix));
+    models::sd::load_vae(*vae, *file);
   } else if (single_file_) {
     auto config = models::sd::VAEConfig::detect_from_weights(*single_file_handle_, "first_stage_model.");
-    vae_ = models::sd::AutoencoderKL(config);
-    models::sd::load_vae(*vae_, *single_file_handle_);
+    vae = models::sd::AutoencoderKL(config);
+    models::sd::load_vae(*vae, *single_file_handle_);
   } else {
     auto config = models::sd::VAEConfig::from_json(family::read_json(path / "vae" / "config.json"));
-    vae_ = models::sd::AutoencoderKL(config);
+    vae = models::sd::AutoencoderKL(config);
     auto weights = io::SafetensorsFile::open(family::component_weights(path / "vae"));
-    models::sd::load_vae(*vae_, *weights);
+    models::sd::load_vae(*vae, *weights);
   }
   // The VAE runs in fp32 whatever the training dtype: SD's VAE overflows in fp16 (AI Toolkit and
   // kohya keep it in fp32 unless told otherwise), and it never trains.
-  family::place(*vae_, at::kFloat, options_.device);
+  family::place(*vae, at::kFloat, options_.device);
+  return vae;
 }
 
 void SDModel::release(Encoder which) {
-  // On a GPU the module waits in host RAM; on the CPU (where "device" memory is host memory, e.g.
-  // under a simulated VRAM budget) it is dropped and read from the checkpoint again when needed.
-  if (which == Encoder::vae && !vae_.is_empty()) {
-    if (options_.device.is_cpu()) vae_ = models::sd::AutoencoderKL(nullptr);
-    else vae_->to(c10::Device(c10::kCPU));
-    vae_offloaded_ = true;
-  }
+  if (which == Encoder::vae) vae_.release();
   // A trained text encoder carries adapters: it stays.
-  if (which == Encoder::text && !text_encoder_.is_empty() && !options_.train_text_encoder) {
-    if (options_.device.is_cpu()) text_encoder_ = models::CLIPTextModel(nullptr);
-    else text_encoder_->to(c10::Device(c10::kCPU));
-    text_encoder_offloaded_ = true;
-  }
-}
-
-models::sd::AutoencoderKL& SDModel::vae() {
-  if (vae_.is_empty()) load_vae();
-  else if (vae_offloaded_) vae_->to(options_.device);
-  vae_offloaded_ = false;
-  return vae_;
-}
-
-models::CLIPTextModel& SDModel::text_encoder() {
-  if (text_encoder_.is_empty()) load_text_encoder();
-  else if (text_encoder_offloaded_) text_encoder_->to(options_.device);
-  text_encoder_offloaded_ = false;
-  return text_encoder_;
+  if (which == Encoder::text && !options_.train_text_encoder) text_encoder_.release();
 }
 
 TextEmbedding SDModel::encode_text(const std::vector<std::string>& captions) {
@@ -200,11 +176,11 @@ TextEmbedding SDModel::encode_text(const std::vector<std::string>& captions) {
   const auto length = static_cast<int64_t>(encodings.empty() ? 0 : encodings[0].input_ids.size());
   auto input_ids = torch::tensor(ids, torch::kLong).view({static_cast<int64_t>(captions.size()), length});
   // [B, 77, D]: the final layer's normalised output conditions the UNet.
-  return {{"hidden_states", text_encoder()->forward(input_ids.to(options_.device)).last_hidden_state}};
+  return {{"hidden_states", text_encoder_.get()->forward(input_ids.to(options_.device)).last_hidden_state}};
 }
 
 at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  auto& vae_module = vae();
+  auto& vae_module = vae_.get();
   torch::NoGradGuard no_grad;
   auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
   at::Tensor z = generator ? dist.sample(generator) : dist.mode();
@@ -212,19 +188,19 @@ at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Ge
 }
 
 at::Tensor SDModel::decode_latents(const at::Tensor& latents) {
-  auto& vae_module = vae();
+  auto& vae_module = vae_.get();
   torch::NoGradGuard no_grad;
   return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
 }
 
 at::Tensor SDModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
-  const at::Tensor& context = c.text.at(0).second;  // hidden_states [B, 77, D]
+  const at::Tensor& context = family::text_tensor(c.text, "hidden_states");  // [B, 77, D]
   return unet_->forward(noisy.to(options_.dtype), timesteps.to(options_.device), context.to(options_.dtype));
 }
 
 std::vector<LoRATarget> SDModel::lora_targets() {
   std::vector<LoRATarget> targets = {{&unet_spec_, unet_.ptr().get()}};
-  if (options_.train_text_encoder) targets.push_back({&text_spec_, text_encoder().ptr().get()});
+  if (options_.train_text_encoder) targets.push_back({&text_spec_, text_encoder_.get().ptr().get()});
   return targets;
 }
 
@@ -239,7 +215,7 @@ std::map<std::string, std::string> SDModel::lora_metadata() const {
 // asked) in int8 with per-channel scales.
 int64_t SDModel::quantize_base(bool text_encoders) {
   int64_t released = models::quantize_linear_layers(*unet_);
-  if (text_encoders) released += models::quantize_linear_layers(*text_encoder());
+  if (text_encoders) released += models::quantize_linear_layers(*text_encoder_.get());
   return released;
 }
 

@@ -102,14 +102,6 @@ std::string timestamp_ms() {
 
 std::string step_tag(int64_t step) { return fmt::format("{:09d}", step); }
 
-// model.arch in the config's canonical names -> the family, when lora-train knows it.
-std::optional<ModelFamily> family_from_arch(const std::string& arch) {
-  if (arch.empty()) return std::nullopt;
-  if (arch == "wan21") return ModelFamily::kWan;
-  if (auto family = playbook::family_from_string(arch)) return family;
-  return ModelFamily::kUnknown;  // a family the config accepts but lora-train does not build
-}
-
 class Trainer {
  public:
   explicit Trainer(const RunRequest& request) : request_(request) {}
@@ -318,7 +310,7 @@ void Trainer::open_run_folder() {
   if (p_->memory.attention_chunk > 0) models::set_default_query_chunk(p_->memory.attention_chunk);
 
   model_options_.name_or_path = p_->model.name_or_path;
-  model_options_.expected = family_from_arch(config::effective_arch(p_->model));
+  model_options_.expected = playbook::family_from_arch(config::effective_arch(p_->model));
   if (p_->model.tokenizer_path) model_options_.tokenizer_path = *p_->model.tokenizer_path;
   if (p_->model.vae_path) model_options_.vae_path = *p_->model.vae_path;
   model_options_.v_prediction = p_->model.is_v_pred;

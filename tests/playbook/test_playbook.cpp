@@ -27,6 +27,10 @@ CATCH_TEST_CASE("playbook names read back", "[playbook]") {
     CATCH_CHECK(family_from_string(to_string(f)) == f);
   }
   CATCH_CHECK_FALSE(family_from_string("unknown").has_value());
+  CATCH_CHECK(family_from_arch("sdxl") == ModelFamily::kSDXL);
+  CATCH_CHECK(family_from_arch("wan21") == ModelFamily::kWan);
+  CATCH_CHECK(family_from_arch("pixart") == ModelFamily::kUnknown);
+  CATCH_CHECK_FALSE(family_from_arch("").has_value());
   CATCH_CHECK(is_video(ModelFamily::kWan));
   CATCH_CHECK_FALSE(is_video(ModelFamily::kSDXL));
   CATCH_CHECK(describe(Phase::train_step, {3, 512, 768, 1, 4, 768}) == "train_step(step 3, bucket 512x768, batch 4)");

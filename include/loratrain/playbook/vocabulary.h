@@ -69,5 +69,8 @@ enum class ModelFamily {
 const char* to_string(ModelFamily f);
 std::optional<ModelFamily> family_from_string(std::string_view name);
 bool is_video(ModelFamily f);
+// The config's model.arch (canonical names: sd1, sdxl, flux, wan21, ...) -> the family; nullopt
+// for an empty arch (detect it), kUnknown for an arch of a family not listed here.
+std::optional<ModelFamily> family_from_arch(std::string_view arch);
 
 }  // namespace lt::playbook
