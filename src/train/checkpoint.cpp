@@ -15,6 +15,7 @@ namespace lt::train {
 namespace {
 constexpr const char* kAdapter = "adapter/";
 constexpr const char* kOptimizer = "optimizer/";
+constexpr const char* kEma = "ema/";
 constexpr const char* kNoiseRng = "rng/noise";
 constexpr const char* kGlobalRng = "rng/global";
 }  // namespace
@@ -27,6 +28,7 @@ void save_training_state(const std::filesystem::path& path, const TrainingState&
   NamedTensors tensors;
   for (const auto& [name, t] : state.adapter) tensors.emplace_back(kAdapter + name, t);
   for (const auto& [name, t] : state.optimizer) tensors.emplace_back(kOptimizer + name, t);
+  for (const auto& [name, t] : state.ema) tensors.emplace_back(kEma + name, t);
   tensors.emplace_back(kNoiseRng, state.noise_rng);
   tensors.emplace_back(kGlobalRng, state.global_rng);
   nlohmann::json record = {{"format", "lora-train training state 1"},
@@ -55,6 +57,7 @@ std::optional<TrainingState> load_training_state(const std::filesystem::path& pa
   for (const auto& t : file->tensors()) {
     if (starts_with(t.name, kAdapter)) state.adapter.emplace_back(t.name.substr(std::strlen(kAdapter)), file->load(t.name));
     else if (starts_with(t.name, kOptimizer)) state.optimizer.emplace_back(t.name.substr(std::strlen(kOptimizer)), file->load(t.name));
+    else if (starts_with(t.name, kEma)) state.ema.emplace_back(t.name.substr(std::strlen(kEma)), file->load(t.name));
   }
   if (!file->contains(kNoiseRng) || !file->contains(kGlobalRng)) throw InputError(path.string() + ": training state lacks RNG states");
   state.noise_rng = file->load(kNoiseRng);

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "loratrain/config/config.h"
+#include "loratrain/config/model_path.h"
 #include "loratrain/data/batches.h"
 #include "loratrain/data/cache.h"
 #include "loratrain/data/dataset.h"
@@ -24,6 +25,7 @@
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
 #include "loratrain/models/attention.h"
+#include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/playbook/settings.h"
@@ -118,6 +120,7 @@ class Trainer {
   void restore_state();
   // work
   void train_step();
+  std::vector<sample::SamplePrompt> preview_prompts() const;
   void sample_previews(int64_t step);
   void save_checkpoint(int64_t step, bool final);
   void save_state();
@@ -132,6 +135,7 @@ class Trainer {
   at::Tensor latents_for(const data::Batch& batch);
   Conditioning conditioning_for(const data::Batch& batch);
   TextEmbedding cached_text(const std::string& caption);
+  TextEmbedding text_on_device(const std::vector<std::string>& captions);
   PhaseContext step_context() const;
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   bool sampling_due(int64_t step) const;
@@ -153,6 +157,7 @@ class Trainer {
   std::unique_ptr<DiffusionModel> model_;
   lora::LoRANetwork network_{nullptr};
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::AdapterEMA> ema_;  // train.ema_config.use_ema: saves and previews use it
   optim::LRSchedule lr_schedule_;
   std::unique_ptr<TrainingObjective> objective_;
 
@@ -173,6 +178,7 @@ class Trainer {
     data::BatchPosition position;
     at::Tensor noise_rng;
     at::Tensor global_rng;
+    bool optimizer_stepped = false;  // the step's update is done; only the EMA's is left
   } step_start_;
   bool in_train_step_ = false;
   double loss_scale_ = 65536.0;  // fp16 only
@@ -211,7 +217,7 @@ RunResult Trainer::run() {
     MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
     spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, summarize(settings_));
     while (step_ < total_steps_) {
-      step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state()};
+      step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state(), false};
       const auto started = std::chrono::steady_clock::now();
       in_train_step_ = true;
       while (auto next = guard_->attempt(Phase::train_step, step_context(), [this] { train_step(); })) apply(*next);
@@ -309,10 +315,11 @@ void Trainer::open_run_folder() {
   total_steps_ = p_->train.steps;
   if (p_->memory.attention_chunk > 0) models::set_default_query_chunk(p_->memory.attention_chunk);
 
-  model_options_.name_or_path = p_->model.name_or_path;
+  const auto base = config::resolve_model_path(p_->model.name_or_path, "model.name_or_path");
+  model_options_.name_or_path = base.path;
   model_options_.expected = playbook::family_from_arch(config::effective_arch(p_->model));
   if (p_->model.tokenizer_path) model_options_.tokenizer_path = *p_->model.tokenizer_path;
-  if (p_->model.vae_path) model_options_.vae_path = *p_->model.vae_path;
+  if (p_->model.vae_path) model_options_.vae_path = config::resolve_model_path(*p_->model.vae_path, "model.vae_path").path;
   model_options_.v_prediction = p_->model.is_v_pred;
   model_options_.device = device_;
   model_options_.train_text_encoder = p_->train.train_text_encoder;
@@ -331,6 +338,9 @@ void Trainer::open_run_folder() {
   log::add_file(run_dir_ / "log.txt");
   spdlog::info("lora-train {} (LibTorch {}): run {} in {}", kVersion, TORCH_VERSION, job_.name, run_dir_.string());
   config::write_effective_yaml(job_, run_dir_ / "config.yaml");
+  if (const std::string ignored = config::ignored_keys_summary(job_); !ignored.empty()) spdlog::info("{}", ignored);
+  if (!base.note.empty()) spdlog::info("model.name_or_path: {}", base.note);
+  if (base.from_hub_cache) spdlog::info("model {} from the Hugging Face cache: {}", base.repo_id, base.path.string());
   if (device_.is_cpu() && dtype_ == at::kHalf) {
     spdlog::warn("train.dtype fp16 has no CPU kernels in this LibTorch: training in fp32 on the CPU");
     dtype_ = at::kFloat;
@@ -441,6 +451,21 @@ void Trainer::build_caches() {
     if (auto captions = dataset_->fixed_captions()) {
       text_cache_->build(*captions, [this](const std::string& caption) { return cached_text(caption); });
     }
+    if (p_->train.unload_text_encoder) {
+      // Everything the run will ever encode, then the text encoders leave for good.
+      std::vector<std::string> texts = {dataset_->options().trigger_word};
+      for (const auto& prompt : preview_prompts()) {
+        texts.push_back(prompt.text);
+        texts.push_back(prompt.negative);
+      }
+      text_cache_->build(texts, [this](const std::string& caption) { return cached_text(caption); });
+      if (!dataset_->fixed_captions()) {
+        spdlog::warn("train.unload_text_encoder: captions change from step to step (dropout, shuffling), so every image "
+                     "trains on the trigger word '{}' as AI Toolkit does", dataset_->options().trigger_word);
+      }
+      model_->release(Encoder::text);
+      spdlog::info("train.unload_text_encoder: {} texts encoded, text encoders unloaded", text_cache_->memory_entries());
+    }
   }
   // With everything cached, the VAE and text encoder are not needed until sampling.
   if (settings_.low_vram) release_encoders();
@@ -506,6 +531,10 @@ void Trainer::create_optimizer() {
   objective.noise_offset = p_->train.noise_offset;
   objective.min_snr_gamma = p_->train.min_snr_gamma;
   objective_ = std::make_unique<TrainingObjective>(model_->traits(), objective);
+  if (const auto& e = p_->train.ema_config; e.use_ema) {
+    ema_ = std::make_unique<optim::AdapterEMA>(optimizer_->params(),
+                                                optim::EMAOptions{e.ema_decay, e.use_feedback, e.param_multiplier});
+  }
 }
 
 void Trainer::restore_state() {
@@ -535,6 +564,11 @@ void Trainer::restore_state() {
     }
   }
   optimizer_->load_state_dict(state->optimizer);
+  if (ema_) {
+    // A state saved without EMA starts the average from the resumed weights, as AI Toolkit does.
+    if (!state->ema.empty()) ema_->load_state_dict(state->ema);
+    else ema_ = std::make_unique<optim::AdapterEMA>(optimizer_->params(), ema_->options());
+  }
   sample::set_generator_state(noise_rng_, state->noise_rng);
   set_global_rng_state(state->global_rng);
   // The guard's changes from the interrupted run carry over: the saved settings win.
@@ -574,14 +608,24 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
   return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
 }
 
+// Captions -> embeddings [B, ...] on the device: from the text cache when there is one (a new
+// caption is encoded and kept), else encoded now (with gradients when the text encoder trains).
+TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) {
+  if (!text_cache_) return model_->encode_text(captions);
+  TextEmbedding text = text_cache_->batch(captions, [this](const std::string& caption) { return cached_text(caption); });
+  for (auto& [name, tensor] : text) tensor = tensor.to(device_);
+  return text;
+}
+
 Conditioning Trainer::conditioning_for(const data::Batch& batch) {
   Conditioning c;
-  if (text_cache_) {
-    c.text = text_cache_->batch(batch.captions(), [this](const std::string& caption) { return cached_text(caption); });
-    for (auto& [name, tensor] : c.text) tensor = tensor.to(device_);
-  } else {
-    c.text = model_->encode_text(batch.captions());
+  std::vector<std::string> captions = batch.captions();
+  if (p_->train.unload_text_encoder && !dataset_->fixed_captions()) {
+    // AI Toolkit's unload_text_encoder: without cacheable captions every image trains on the
+    // trigger word (blank without one), encoded once before the encoders left.
+    captions.assign(captions.size(), dataset_->options().trigger_word);
   }
+  c.text = text_on_device(captions);
   for (const auto& item : batch.items) {
     const auto& image = dataset_->images()[item.image];
     c.images.push_back({image.width, image.height, item.placement.crop_x, item.placement.crop_y,
@@ -590,8 +634,13 @@ Conditioning Trainer::conditioning_for(const data::Batch& batch) {
   return c;
 }
 
-// One optimizer step over grad_accumulation batches. Runs again from the same start after an OOM.
+// One optimizer step over grad_accumulation batches, then the EMA update. Runs again from the same
+// start after an OOM; an OOM in the EMA update (after the optimizer step) retries the update only.
 void Trainer::train_step() {
+  if (step_start_.optimizer_stepped) {
+    ema_->update();
+    return;
+  }
   batches_->seek(step_start_.position);
   sample::set_generator_state(noise_rng_, step_start_.noise_rng);
   set_global_rng_state(step_start_.global_rng);
@@ -618,6 +667,10 @@ void Trainer::train_step() {
   optim::clip_grad_norm(optimizer_->params(), p_->train.max_grad_norm);
   optimizer_->step(lr_schedule_.lr_at(step_));
   optimizer_->zero_grad();
+  if (ema_) {
+    step_start_.optimizer_stepped = true;
+    ema_->update();
+  }
 }
 
 // Divides the adapter gradients by the loss scale; false (and the scale halved) when any is inf
@@ -644,7 +697,8 @@ bool Trainer::sampling_due(int64_t step) const {
   return step % p_->sample.sample_every == 0 && step >= p_->sample.sample_start_step;
 }
 
-void Trainer::sample_previews(int64_t step) {
+// The previews the config asks for, at the size the guard allows.
+std::vector<sample::SamplePrompt> Trainer::preview_prompts() const {
   sample::SampleDefaults defaults;
   defaults.width = settings_.sample_width;
   defaults.height = settings_.sample_height;
@@ -673,7 +727,7 @@ void Trainer::sample_previews(int64_t step) {
     item.neg = s.neg;
     items.push_back(item);
   }
-  if (items.empty()) return;
+  if (items.empty()) return {};
   auto prompts = sample::resolve_sample_prompts(items, defaults);
   // The guard's shrink applies to per-prompt sizes too.
   for (auto& prompt : prompts) {
@@ -681,6 +735,12 @@ void Trainer::sample_previews(int64_t step) {
     prompt.height = std::min<int64_t>(prompt.height, settings_.sample_height);
     prompt.steps = std::min<int64_t>(prompt.steps, settings_.sample_steps);
   }
+  return prompts;
+}
+
+void Trainer::sample_previews(int64_t step) {
+  const auto prompts = preview_prompts();
+  if (prompts.empty()) return;
 
   const ModelTraits& traits = model_->traits();
   const fs::path folder = run_dir_ / "samples";
@@ -690,6 +750,8 @@ void Trainer::sample_previews(int64_t step) {
   {
     EvalScope eval(*model_);
     torch::NoGradGuard no_grad;
+    std::optional<optim::AdapterEMA::AverageScope> average;
+    if (ema_) average.emplace(*ema_);
     struct MultiplierReset {
       lora::LoRANetwork& network;
       ~MultiplierReset() { network->set_multiplier(1.0); }
@@ -699,8 +761,8 @@ void Trainer::sample_previews(int64_t step) {
       network_->set_multiplier(prompt.network_multiplier);
       // A preview is conditioned as a training image of its own size, uncropped.
       const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
-      const Conditioning cond{model_->encode_text({prompt.text}), {geometry}};
-      const Conditioning uncond{model_->encode_text({prompt.negative}), {geometry}};
+      const Conditioning cond{text_on_device({prompt.text}), {geometry}};
+      const Conditioning uncond{text_on_device({prompt.negative}), {geometry}};
       auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler),
                                               sample::default_scheduler_config(traits.scheduler_config));
       sample::SamplerOptions options;
@@ -745,6 +807,9 @@ void Trainer::save_checkpoint(int64_t step, bool final) {
                       {"training_info", nlohmann::json{{"step", step}}.dump()},
                       {"lora_train_version", kVersion}};
   for (const auto& [key, value] : model_->lora_metadata()) options.metadata[key] = value;
+  if (ema_) options.metadata["ss_ema_decay"] = fmt::format("{}", ema_->options().decay);
+  std::optional<optim::AdapterEMA::AverageScope> average;
+  if (ema_) average.emplace(*ema_);  // the saved LoRA is the average; the state keeps the live weights
   if (final) {
     result_.lora_path = run_dir_ / (job_.name + ".safetensors");
     network_->save(result_.lora_path, options);
@@ -762,6 +827,7 @@ void Trainer::save_checkpoint(int64_t step, bool final) {
       saves.erase(saves.begin());
     }
   }
+  average.reset();
   save_state();
 }
 
@@ -774,6 +840,7 @@ void Trainer::save_state() {
   state.config_name = job_.name;
   for (const auto& p : network_->named_parameters(true)) state.adapter.emplace_back(p.key(), p.value().detach().to(at::kCPU));
   state.optimizer = optimizer_->state_dict();
+  if (ema_) state.ema = ema_->state_dict();
   state.noise_rng = sample::generator_state(noise_rng_);
   state.global_rng = global_rng_state();
   save_training_state(state_path(run_dir_), state);

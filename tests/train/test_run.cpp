@@ -130,3 +130,36 @@ CATCH_TEST_CASE("bad runs fail with one clear error and no partial LoRA", "[trai
   }
   CATCH_CHECK_FALSE(std::filesystem::exists(root / "bad" / "bad.safetensors"));
 }
+
+CATCH_TEST_CASE("EMA: the saved LoRA is the average, training goes on with the live weights, resume is exact",
+                "[train][e2e][resume]") {
+  auto root = lt::test::scratch_dir("run_ema");
+  const std::string ema = "        ema_config:\n          use_ema: true\n          ema_decay: 0.5\n";
+  lt::train::RunRequest plain;
+  plain.config_path = lt::test::write_tiny_config(root / "plain", "ema", 6);
+  lt::train::RunRequest straight;
+  straight.config_path = lt::test::write_tiny_config(root / "a", "ema", 6, ema);
+  auto without = lt::train::run_training(plain);
+  auto whole = lt::train::run_training(straight);
+  CATCH_REQUIRE(without.exit_code == 0);
+  CATCH_REQUIRE(whole.exit_code == 0);
+  // The average does not feed back into training: the same losses as without EMA.
+  CATCH_CHECK(whole.losses == without.losses);
+  auto live = read_all(root / "plain" / "ema" / "ema.safetensors");
+  auto average = read_all(root / "a" / "ema" / "ema.safetensors");
+  CATCH_REQUIRE(live.size() == average.size());
+  size_t differ = 0;
+  for (const auto& [name, t] : live) differ += torch::equal(t, average.at(name)) ? 0 : 1;
+  CATCH_CHECK(differ > 0);
+  CATCH_CHECK(lt::io::SafetensorsFile::open(root / "a" / "ema" / "ema.safetensors")->metadata().at("ss_ema_decay") == "0.5");
+
+  lt::train::RunRequest first_half;
+  first_half.config_path = lt::test::write_tiny_config(root / "b", "ema", 6, ema);
+  first_half.stop_after_steps = 3;
+  CATCH_REQUIRE(lt::train::run_training(first_half).exit_code == 130);
+  lt::train::RunRequest second_half;
+  second_half.config_path = first_half.config_path;
+  auto resumed = lt::train::run_training(second_half);
+  CATCH_REQUIRE(resumed.exit_code == 0);
+  CATCH_CHECK(same_tensors(average, read_all(root / "b" / "ema" / "ema.safetensors")));
+}

@@ -21,6 +21,7 @@ struct TrainingState {
   std::string config_name;       // config.name, checked on resume
   NamedTensors adapter;          // LoRA network parameters by kohya name, fp32
   NamedTensors optimizer;        // Optimizer::state_dict()
+  NamedTensors ema;              // AdapterEMA::state_dict() (train.ema_config.use_ema), else empty
   at::Tensor noise_rng;          // the trainer's noise generator state
   at::Tensor global_rng;         // the default CPU generator (dropout)
 };
