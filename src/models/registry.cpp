@@ -51,8 +51,8 @@ bool any_prefix(const io::SafetensorsFile& file, const std::string& prefix) {
 std::vector<Component> split_components(const io::SafetensorsFile& file,
                                         const std::vector<std::pair<std::string, std::string>>& rows) {
   std::vector<Component> out;
-  for (const auto& [name, prefix] : rows) out.push_back(Component{name, prefix});
-  Component other{"other", ""};
+  for (const auto& [name, prefix] : rows) out.push_back(Component{name, prefix, 0, 0, {}});
+  Component other{"other", "", 0, 0, {}};
   for (const auto& t : file.tensors()) {
     Component* target = &other;
     for (auto& c : out) {
