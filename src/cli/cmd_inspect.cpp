@@ -25,7 +25,7 @@ std::string human_count(int64_t n) {
 }
 
 void print_detection(const models::Detection& d) {
-  std::cout << fmt::format("family:  {}\nformat:  {}\nbecause: {}\n", models::family_name(d.family),
+  std::cout << fmt::format("family:  {}\nformat:  {}\nbecause: {}\n", (d.is_lora() ? "lora" : playbook::to_string(d.family)),
                            models::format_name(d.format), d.evidence);
   int64_t total = 0;
   for (const auto& c : d.components) {
@@ -48,7 +48,7 @@ int inspect(const std::filesystem::path& target) {
   std::cout << fmt::format("file:    {} ({} tensors)\n", target.string(), file->tensors().size());
   auto detection = models::detect_checkpoint(*file);
   print_detection(detection);
-  if (detection.family == models::ModelFamily::kLoRA) {
+  if (detection.is_lora()) {
     std::string text = lora::describe(lora::inspect_lora(*file));
     if (!text.empty() && text.back() != '\n') text += '\n';
     std::cout << text;

@@ -6,9 +6,14 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
+#include <tuple>
+#include <set>
 #include <sstream>
 #include <system_error>
 
+#include "loratrain/config/model_path.h"
+#include "loratrain/config/schema.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/strings.h"
 #include "schema_tables.h"
@@ -106,7 +111,19 @@ void read_top_level(JobConfig& job, const YAML::Node& root, Ctx& c) {
   detail::read_section(process, detail::process_table(), Val{item, item.Mark(), ""}, c, "the process");
   job.process.push_back(std::move(process));
 
-  if (has_meta) detail::read_value(job.meta, Val{meta_node, meta_mark, "meta"}, c, detail::Rules{});
+  // meta serves AI Toolkit's bookkeeping: any value is accepted; a mapping is kept for the dump.
+  if (has_meta) {
+    c.record("meta", meta_mark);
+    if (meta_node.IsMap()) detail::read_value(job.meta, Val{meta_node, meta_mark, "meta"}, c, detail::Rules{});
+  }
+}
+
+// "KEY=VALUE" -> KEY, or a ConfigError naming the malformed override.
+std::string override_key(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--set " + assignment, 0, 0, "expected KEY=VALUE, e.g. --set train.batch_size=2");
+  return trim(assignment.substr(0, eq));
 }
 
 bool has_origin(const JobConfig& job, const std::string& key) { return job.origins.count(key) > 0; }
@@ -129,10 +146,13 @@ JobConfig parse_config_text(const std::string& text, const std::string& display_
                             const std::vector<std::string>& overrides) {
   JobConfig job;
   job.source_file = display_name;
+  std::set<std::string> overridden;
+  for (const auto& o : overrides) overridden.insert(override_key(o));
   Ctx c;
   c.file = display_name;
   c.lines = split_lines(text);
   c.origins = &job.origins;
+  c.overridden = &overridden;
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -195,10 +215,8 @@ void set_value(JobConfig& job, const std::string& dotted_key, const std::string&
 }
 
 void apply_override(JobConfig& job, const std::string& assignment) {
-  const size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set " + assignment, 0, 0, "expected KEY=VALUE, e.g. --set train.batch_size=2");
-  set_value(job, trim(assignment.substr(0, eq)), assignment.substr(eq + 1));
+  const std::string key = override_key(assignment);
+  set_value(job, key, assignment.substr(assignment.find('=') + 1));
 }
 
 // ---- validation across keys ------------------------------------------------------------------------
@@ -208,7 +226,9 @@ ConfigError error_at(const JobConfig& job, const std::string& dotted_key, const 
   while (true) {
     auto it = job.origins.find(key);
     if (it != job.origins.end()) {
-      const std::string text = dotted_key.empty() ? message : dotted_key + ": " + message;
+      // An override's label already names its key ("--set model.name_or_path=x: ...").
+      const bool named = it->second.line == 0 && starts_with(it->second.file, "--set " + dotted_key + "=");
+      const std::string text = dotted_key.empty() || named ? message : dotted_key + ": " + message;
       return ConfigError(it->second.file, it->second.line, it->second.column, text);
     }
     if (key.empty()) break;
@@ -247,9 +267,17 @@ void validate(JobConfig& job) {
   }
 
   TrainConfig& t = p.train;
+  // AI Toolkit refuses this pair too: the text encoders cannot leave the GPU while being trained.
+  if (t.unload_text_encoder && t.train_text_encoder)
+    throw error_at(job, "train.unload_text_encoder",
+                   "cannot unload the text encoders while training them (train.train_text_encoder is true)");
   if (t.gradient_accumulation > 1 && t.gradient_accumulation_steps != 1)
     throw error_at(job, "train.gradient_accumulation",
                    "gradient_accumulation and gradient_accumulation_steps cannot both be set; keep one");
+  const std::string arch = effective_arch(m);
+  if (m.assistant_lora_path && !arch.empty() && arch != "flux")
+    throw error_at(job, "model.assistant_lora_path",
+                   "assistant adapters are for Flux models only (as in AI Toolkit), but arch is " + arch);
   if (m.dtype && canonical_dtype(*m.dtype) != canonical_dtype(t.dtype))
     throw error_at(job, "model.dtype",
                    "'" + *m.dtype + "' disagrees with train.dtype '" + t.dtype +
@@ -271,6 +299,27 @@ void validate(JobConfig& job) {
   if (!m.quantize_te) m.quantize_te = m.quantize;
   if (!m.dtype) m.dtype = t.dtype;
   if (!m.arch && m.arch_from_flags) m.arch = m.arch_from_flags;
+
+  // The keys given that change nothing here, in the order they were written (overrides last).
+  std::vector<std::pair<SourceLocation, std::string>> ignored;
+  for (const auto& [path, at] : job.origins) {
+    const KeyInfo* k = find_key(path);
+    if (k && changes_nothing(*k)) ignored.emplace_back(at, path);
+  }
+  std::sort(ignored.begin(), ignored.end(), [](const auto& a, const auto& b) {
+    const bool a_file = a.first.line > 0, b_file = b.first.line > 0;
+    if (a_file != b_file) return a_file;
+    return std::tie(a.first.line, a.first.column, a.second) < std::tie(b.first.line, b.first.column, b.second);
+  });
+  job.ignored_keys.clear();
+  for (const auto& [at, path] : ignored) job.ignored_keys.push_back(path);
+}
+
+std::string ignored_keys_summary(const JobConfig& job) {
+  if (job.ignored_keys.empty()) return "";
+  std::string list;
+  for (const auto& k : job.ignored_keys) list += (list.empty() ? "" : ", ") + k;
+  return "accepted for AI Toolkit compatibility, no effect in lora-train (docs/config.md): " + list;
 }
 
 void validate_paths(const JobConfig& job) {
@@ -296,18 +345,21 @@ void validate_paths(const JobConfig& job) {
                                           : "images (.jpg, .jpeg, .png, .webp, .bmp)"));
   }
   const ModelConfig& m = p.model;
+  // Local paths or repo ids in the local Hugging Face cache (model_path.h), reported at the key.
+  auto check = [&](const std::string& key, const std::function<void()>& resolve) {
+    try {
+      resolve();
+    } catch (const InputError& e) {
+      throw error_at(job, key, e.what());
+    }
+  };
+  check("model.name_or_path", [&] { resolve_model_path(m.name_or_path, ""); });
+  if (m.vae_path) check("model.vae_path", [&] { resolve_model_path(*m.vae_path, ""); });
+  if (m.assistant_lora_path)
+    check("model.assistant_lora_path", [&] { resolve_adapter_file(*m.assistant_lora_path, ""); });
   std::error_code ec;
-  // A local-looking checkpoint path that is missing is a config error; a Hub id is left to the loader.
-  const std::string& base = m.name_or_path;
-  const std::string ext = to_lower(fs::path(base).extension().string());
-  const bool looks_local = starts_with(base, "/") || starts_with(base, "./") || starts_with(base, "../") ||
-                           ext == ".safetensors" || ext == ".ckpt" || ext == ".pt" || ext == ".bin";
-  if (looks_local && !fs::exists(base, ec))
-    throw error_at(job, "model.name_or_path", "model file '" + base + "' does not exist");
   if (m.tokenizer_path && !fs::exists(*m.tokenizer_path, ec))
     throw error_at(job, "model.tokenizer_path", "'" + *m.tokenizer_path + "' does not exist");
-  if (m.vae_path && !fs::exists(*m.vae_path, ec))
-    throw error_at(job, "model.vae_path", "'" + *m.vae_path + "' does not exist");
 }
 
 // ---- the effective config ----------------------------------------------------------------------------

@@ -27,7 +27,10 @@ const std::vector<KeyInfo>& all_keys() {
     top("config.name", "string", "required", "a plain folder name",
         "Name of the run: its folder (training_folder/<name>) and adapter file name. Required. Replaces [name] in every string.");
     top("config.process", "list of sections", "required", "exactly one item", "The trainer process (keys below). Required.");
-    top("meta", "mapping", "{}", "", "Free-form metadata written into the adapter file (name: \"[name]\", version: '1.0').");
+    top("meta", "mapping", "{}", "",
+        "Free-form notes (name: \"[name]\", version: '1.0'). AI Toolkit copies them into the adapter's "
+        "metadata; lora-train keeps them in the effective config only.");
+    out.back().support = Support::kIgnored;
     detail::collect_keys(detail::process_table(), "", out);
     return out;
   }();
@@ -58,6 +61,10 @@ bool is_memory_lever(const std::string& dotted_path) {
   return k && k->memory_lever;
 }
 
+bool changes_nothing(const KeyInfo& key) {
+  return key.support == Support::kNoEffect || key.support == Support::kIgnored;
+}
+
 namespace {
 
 std::string cell(const std::string& s) {
@@ -78,6 +85,7 @@ std::string status(const KeyInfo& k) {
     case Support::kSupported: return "supported";
     case Support::kNoEffect: return "accepted, no effect";
     case Support::kNotYet: return "not yet (only the default)";
+    case Support::kIgnored: return "ignored (AI Toolkit UI)";
   }
   return "";
 }
@@ -119,13 +127,26 @@ meta:
 - **Overrides.** `lora-train run config.yaml --set train.batch_size=2 --set datasets.0.resolution=[512]`
   sets any key inside the process. Values are YAML (scalars or flow lists) and are checked exactly
   like values in the file; an error names the override (`--set train.batch_size=abc: expected an
-  integer, got 'abc'`). List items are addressed by index (`datasets.0`, `sample.samples.1`).
+  integer, got 'abc'`). List items are addressed by index (`datasets.0`, `sample.samples.1`). An
+  override replaces the file's value before that value is checked, so it can fix a file value that
+  would be rejected (`--set train.diff_output_preservation=false`).
+- **AI Toolkit's files.** Its example configs and the jobs its UI writes (YAML from the advanced
+  editor, or the `.job_config.json` it runs) load unchanged. The UI's model names are read as
+  families (`arch: sd15` is sd1, `wan21:1b` is wan21, flex1 is flux) and its `save_format: diffusers`
+  is the `peft` key layout. Keys that serve only its UI are accepted and listed in the run log.
+- **Model paths.** `model.name_or_path` (and `vae_path`, `assistant_lora_path`) is a local file or
+  folder, or a Hugging Face repo id (`black-forest-labs/FLUX.1-dev`) that is already in the local
+  Hugging Face cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`, in
+  `models--org--name/snapshots/<the commit refs/main names>`. Nothing is downloaded; when the repo is
+  missing, the error says where it looked and how to get it there (`huggingface-cli download` on a
+  machine with network, then copy the cache).
 - **Errors.** Every problem is one line `config.yaml:LINE:COL: message` and exit code 2: YAML
   syntax, unknown keys (with the closest valid key), wrong types, values out of range or not
   allowed (with the allowed list), missing required keys, missing or empty dataset folders (checked
   when a run starts), and AI Toolkit keys lora-train does not support yet.
 - **Status column.** *supported*: read and honoured. *accepted, no effect*: accepted for AI Toolkit
-  compatibility, the reason is given. *not yet (only the default)*: an AI Toolkit key lora-train does
+  compatibility, the reason is given. *ignored (AI Toolkit UI)*: serves only AI Toolkit's UI or
+  bookkeeping; any value is accepted. *not yet (only the default)*: an AI Toolkit key lora-train does
   not support yet; it is accepted only at its default value (so files written by AI Toolkit's UI
   load) and reported as `key 'X' is an AI Toolkit setting that lora-train does not support yet`
   otherwise. *lora-train*: a key of ours, not in AI Toolkit.
@@ -144,6 +165,28 @@ std::string render_config_reference() {
   out << "\n## Memory levers at a glance\n\n";
   for (const auto& k : all_keys())
     if (k.memory_lever) out << "- `" << k.path << "`: " << cell(k.doc) << "\n";
+
+  out << "\n## AI Toolkit keys that change nothing here\n\n"
+         "Accepted so that AI Toolkit's files load unchanged. A run lists the ones its config sets once, at "
+         "info level, at the start of its log. *ignored*: serves only AI Toolkit's UI or bookkeeping, any "
+         "value is accepted. *no effect*: the value is checked, the reason is given.\n\n";
+  for (const auto& k : all_keys())
+    if (changes_nothing(k))
+      out << "- `" << k.path << "` (" << (k.support == Support::kIgnored ? "ignored" : "no effect")
+          << "): " << cell(k.doc) << "\n";
+
+  out << "\n## AI Toolkit keys not supported yet\n\n"
+         "They change training in AI Toolkit and lora-train does not implement them yet. Each is accepted at "
+         "its default (so files written by AI Toolkit's UI load); any other value stops the run with "
+         "`config.yaml:LINE:COL: key 'X' is an AI Toolkit setting that lora-train does not support yet`. "
+         "They are never ignored silently.\n\n";
+  for (const auto& k : all_keys())
+    if (k.support == Support::kNotYet)
+      out << "- `" << k.path << "` (default `" << cell(k.default_value) << "`): " << cell(k.doc) << "\n";
+  out << "\nValues not supported yet of keys that are otherwise supported (the run stops the same way):\n\n";
+  for (const auto& k : all_keys())
+    if (k.support != Support::kNotYet && !k.not_yet_values.empty())
+      out << "- `" << k.path << "`: " << cell(k.not_yet_values) << "\n";
 
   // One table per section, sections in order of first appearance.
   std::vector<std::string> sections;

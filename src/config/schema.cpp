@@ -5,6 +5,8 @@
 // ignored and never "unknown".
 #include "schema_tables.h"
 
+#include <algorithm>
+
 #include "loratrain/util/strings.h"
 
 namespace lt::config::detail {
@@ -99,9 +101,14 @@ const Table<SaveConfig>& save_table() {
                     .min(0));
     t.push_back(field("save_format", &S::save_format,
                       "Key layout of the LoRA file: safetensors = kohya keys (lora_unet_..., what ComfyUI and "
-                      "A1111/Forge load); peft = diffusers/PEFT keys (unet....lora_A/lora_B).")
+                      "A1111/Forge load); peft = diffusers/PEFT keys (unet....lora_A/lora_B). diffusers, what "
+                      "AI Toolkit's UI writes, is read as peft.")
                     .one_of({"safetensors", "peft"})
-                    .not_yet({"diffusers"}));
+                    .normalize([](const std::string& s, const std::function<void(const std::string&)>&) {
+                      const std::string l = to_lower(trim(s));
+                      return l == "diffusers" ? std::string("peft") : l;
+                    })
+                    .allowed_is("safetensors, peft, diffusers (= peft)"));
     t.push_back(not_yet<S>("push_to_hub", "boolean", "false", "Upload to the Hugging Face Hub."));
     t.push_back(not_yet<S>("hf_repo_id", "string", "null", "Hub repository for push_to_hub."));
     t.push_back(not_yet<S>("hf_private", "boolean", "false", "Private Hub repository."));
@@ -194,6 +201,11 @@ const Table<DatasetConfig>& dataset_table() {
     t.push_back(not_yet<S>("control_from_same_folder", "boolean", "false", "Control image from the same folder."));
     t.push_back(not_yet<S>("inpaint_path", "string", "null", "Inpainting masks."));
     t.push_back(not_yet<S>("mask_path", "string", "null", "Loss masks."));
+    t.push_back(field("mask_min_value", &S::mask_min_value,
+                      "Lowest loss weight a mask gives (0..1). Used only with mask_path or alpha_mask, which "
+                      "lora-train does not support yet; no effect otherwise.")
+                    .range(0, 1)
+                    .no_effect());
     t.push_back(not_yet<S>("alpha_mask", "boolean", "false", "Use the alpha channel as loss mask."));
     t.push_back(not_yet<S>("invert_mask", "boolean", "false", "Invert the loss mask."));
     t.push_back(not_yet<S>("unconditional_path", "string", "null", "Unconditional images."));
@@ -215,10 +227,20 @@ const Table<EmaConfig>& ema_table() {
     using S = EmaConfig;
     Table<S> t;
     t.push_back(field("use_ema", &S::use_ema,
-                      "Keep an exponential moving average of the adapter weights and save/sample with it.")
-                    .not_yet({"true"}));
-    t.push_back(field("ema_decay", &S::ema_decay, "EMA decay per step.").range(0, 1));
-    t.push_back(not_yet<S>("use_feedback", "boolean", "false", "Feed the EMA difference back into the weights."));
+                      "Keep an exponential moving average of the adapter weights, updated after every optimizer "
+                      "step; saved adapters and previews use the average, training continues on the live "
+                      "weights. The average is part of the resumable state. Costs one fp32 copy of the adapter."));
+    t.push_back(field("ema_decay", &S::ema_decay,
+                      "average = decay x average + (1 - decay) x weights, from the first step on (no warm-up, as "
+                      "in AI Toolkit).")
+                    .range(0, 1));
+    t.push_back(field("use_feedback", &S::use_feedback,
+                      "After each update, move the live weights toward the average by 10 x (1 - ema_decay) of "
+                      "their difference."));
+    t.push_back(field("param_multiplier", &S::param_multiplier,
+                      "After each update, multiply the live weights by this (a decay for bias-free adapters such "
+                      "as LoRA); 1 = off.")
+                    .above(0));
     return t;
   }();
   return t;
@@ -311,8 +333,10 @@ const Table<TrainConfig>& train_table() {
                     .no_effect());
     t.push_back(not_yet<S>("attention_backend", "string", "native", "diffusers attention backend (flash, sage, ...)."));
     t.push_back(field("unload_text_encoder", &S::unload_text_encoder,
-                      "Encode the trigger word / blank prompt once, then move the text encoders off the GPU.")
-                    .not_yet({"true"})
+                      "Encode the blank prompt, the trigger word and the sample prompts once, then move the text "
+                      "encoders off the GPU. Every image then trains with the trigger word (the blank prompt "
+                      "without one), not its caption, unless text embeddings are cached. Cannot be combined "
+                      "with train_text_encoder.")
                     .lever());
     t.push_back(field("cache_text_embeddings", &S::cache_text_embeddings,
                       "Turn on cache_text_embeddings for every dataset.")
@@ -332,7 +356,10 @@ const Table<TrainConfig>& train_table() {
     t.push_back(not_yet<S>("min_denoising_steps", "integer", "0", "Lowest training timestep."));
     t.push_back(not_yet<S>("max_denoising_steps", "integer", "999", "Highest training timestep."));
     t.push_back(not_yet<S>("num_train_timesteps", "integer", "1000", "Timesteps of the training schedule."));
-    t.push_back(not_yet<S>("switch_boundary_every", "integer", "1", "Wan 2.2 MoE expert switching."));
+    t.push_back(accepted<S, int>("switch_boundary_every", 1,
+                                 "Wan 2.2 MoE: steps between switches of the trained expert. No effect on the "
+                                 "families lora-train supports, which have no experts.")
+                    .min(1));
     t.push_back(not_yet<S>("do_paramiter_swapping", "boolean", "false", "Adafactor parameter swapping."));
     t.push_back(not_yet<S>("paramiter_swapping_factor", "number", "0.1", "Adafactor parameter swapping."));
     t.push_back(not_yet<S>("validation_config", "section", "null", "Validation loss at fixed sigmas."));
@@ -349,11 +376,24 @@ const Table<TrainConfig>& train_table() {
     t.push_back(not_yet<S>("loss_target", "string", "noise", "Prediction target."));
     t.push_back(not_yet<S>("inverted_mask_prior", "boolean", "false", "Masked prior regularisation."));
     t.push_back(not_yet<S>("diff_output_preservation", "boolean", "false", "Differential output preservation."));
+    t.push_back(field("diff_output_preservation_multiplier", &S::diff_output_preservation_multiplier,
+                      "Loss weight of differential output preservation; used only with diff_output_preservation.")
+                    .min(0)
+                    .no_effect());
+    t.push_back(field("diff_output_preservation_class", &S::diff_output_preservation_class,
+                      "Class word that replaces the trigger word for differential output preservation (e.g. "
+                      "person); used only with diff_output_preservation.")
+                    .no_effect());
+    t.push_back(accepted<S, double>("blank_prompt_preservation_multiplier", 1.0,
+                                    "Loss weight of blank-prompt preservation; used only with "
+                                    "blank_prompt_preservation."));
     t.push_back(not_yet<S>("blank_prompt_preservation", "boolean", "false", "Blank-prompt preservation."));
     t.push_back(not_yet<S>("do_cfg", "boolean", "false", "CFG during training."));
     t.push_back(not_yet<S>("correct_pred_norm", "boolean", "false", "Prediction norm correction."));
     t.push_back(not_yet<S>("target_norm_std", "number", "null", "Output std regulariser."));
-    t.push_back(not_yet<S>("bypass_guidance_embedding", "boolean", "false", "Flux guidance-embedding bypass."));
+    t.push_back(field("bypass_guidance_embedding", &S::bypass_guidance_embedding,
+                      "Flux family: run the transformer with its guidance embedder bypassed while training (for "
+                      "bases without guidance distillation, such as Flex.1). No effect on SD, SDXL and Wan."));
     t.push_back(not_yet<S>("do_guidance_loss", "boolean", "false", "Guidance loss."));
     t.push_back(not_yet<S>("do_differential_guidance", "boolean", "false", "Differential guidance."));
     t.push_back(not_yet<S>("do_prior_divergence", "boolean", "false", "Prior divergence loss."));
@@ -370,11 +410,34 @@ const Table<TrainConfig>& train_table() {
 }
 
 namespace {
-// `arch: flux:dev` -> flux (AI Toolkit strips the tag); flex1 is flux.
-std::string normalize_arch(const std::string& s, const std::function<void(const std::string&)>&) {
+// The model families lora-train knows (lt::models::ModelFamily), as `arch` values.
+const std::vector<std::string> kArchs = {"sd1", "sd2", "sdxl", "flux", "wan21"};
+// AI Toolkit's other families (its Python arch names; the UI's names reduce to these once the
+// ":tag" is stripped, e.g. qwen_image:2512, wan22_14b:t2v, zimage:turbo).
+const std::vector<std::string> kNotYetArchs = {
+    "sd3", "flex2", "flux_kontext", "flux2", "flux2_klein_4b", "flux2_klein_9b", "chroma", "chroma_radiance",
+    "zeta_chroma", "lumina2", "wan21_i2v", "wan22_5b", "wan22_14b", "wan22_14b_i2v", "qwen_image",
+    "qwen_image_edit", "qwen_image_edit_plus", "hidream", "hidream_e1", "hidream_o1", "zimage", "zimage_l2p",
+    "ltx2", "ltx2.3", "ltx2.5", "pixart", "pixart_sigma", "auraflow", "vega", "ssd", "omnigen2", "anima",
+    "cogview4", "f-lite", "minimax_h3", "minimax_h3_ref2va", "ernie_image", "ace_step_15", "ace_step_15_xl",
+    "nucleus_image", "ideogram4", "prx_pixel", "krea2", "mageflow", "mageflow_edit", "boogu_image",
+    "boogu_image_edit", "sapiens2_1b"};
+const char* kArchsText = "sd1 (UI: sd15), sd2, sdxl, flux (also flex1), wan21 (UI: wan21:1b, wan21:14b)";
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// AI Toolkit's UI writes `arch: wan21:1b` (family:tag; the tag is stripped, as AI Toolkit does) and
+// `arch: sd15` (built as sd1 there); flex1 is built as flux.
+std::string normalize_arch(const std::string& s, const std::function<void(const std::string&)>& fail) {
   std::string a = to_lower(trim(s));
   if (auto colon = a.find(':'); colon != std::string::npos) a = a.substr(0, colon);
   if (a == "flex1") a = "flux";
+  if (a == "sd15") a = "sd1";
+  if (contains(kNotYetArchs, a))
+    fail("'" + s + "' is an AI Toolkit model family that lora-train does not support yet (supported: " +
+         kArchsText + ")");
   return a;
 }
 
@@ -386,7 +449,12 @@ Key<S> legacy_flag(const char* name, const char* arch) {
                        [a](S& s, const Val& v, Ctx& c, const Rules&) {
                          bool on = false;
                          read_value(on, v, c, Rules{});
-                         if (on) s.arch_from_flags = a;
+                         if (!on) return;
+                         if (!contains(kArchs, a))
+                           c.fail(v.mark, v.path, "'true' means arch " + a +
+                                                      ", an AI Toolkit model family that lora-train does not "
+                                                      "support yet (supported: " + kArchsText + ")");
+                         s.arch_from_flags = a;
                        });
 }
 }  // namespace
@@ -396,18 +464,19 @@ const Table<ModelConfig>& model_table() {
     using S = ModelConfig;
     Table<S> t;
     t.push_back(field("name_or_path", &S::name_or_path,
-                      "The base model: a single .safetensors checkpoint or a diffusers folder. Required.")
+                      "The base model: a single .safetensors checkpoint, a diffusers folder, or a Hugging Face "
+                      "repo id (org/name) already in the local Hugging Face cache: HF_HUB_CACHE, else "
+                      "HF_HOME/hub, else ~/.cache/huggingface/hub. Nothing is downloaded. Required.")
                     .default_is("required")
-                    .allowed_is("a file or folder (a Hugging Face repo id is reported at run time)"));
+                    .allowed_is("a file, a folder, or a repo id in the local Hugging Face cache (checked when a "
+                                "run starts)"));
     t.push_back(field("arch", &S::arch,
-                      "Model family. null = detect it from the checkpoint. Families lora-train does not build "
-                      "yet pass validation and are reported when the run starts.")
-                    .one_of({"sd1", "sd2", "sdxl", "sd3", "flux", "flex2", "flux_kontext", "flux2", "flux2_klein_4b",
-                             "flux2_klein_9b", "chroma", "lumina2", "wan21", "wan21_i2v", "wan22_5b", "wan22_14b",
-                             "wan22_14b_i2v", "qwen_image", "qwen_image_edit", "qwen_image_edit_plus", "hidream",
-                             "zimage", "ltx2", "ltx2.3", "ltx2.5", "pixart", "pixart_sigma", "auraflow", "vega",
-                             "ssd", "omnigen2", "anima"})
+                      "Model family. null = detect it from the checkpoint. AI Toolkit's UI names are read as "
+                      "families: sd15 = sd1, flex1 = flux, a :tag is dropped (wan21:1b = wan21). Families known "
+                      "here but not trainable in this version are reported when the run starts.")
+                    .one_of(kArchs)
                     .normalize(normalize_arch));
+    t.back().info.not_yet_values = Key<S>::join(kNotYetArchs);
     t.push_back(legacy_flag<S>("is_v2", "sd2"));
     t.push_back(legacy_flag<S>("is_xl", "sdxl"));
     t.push_back(legacy_flag<S>("is_v3", "sd3"));
@@ -466,7 +535,11 @@ const Table<ModelConfig>& model_table() {
     t.push_back(not_yet<S>("text_encoder_bits", "integer", "16", "PixArt text-encoder bits."));
     t.push_back(not_yet<S>("te_name_or_path", "string", "null", "A separate text encoder."));
     t.push_back(not_yet<S>("extras_name_or_path", "string", "null", "Where text encoders/VAE come from."));
-    t.push_back(not_yet<S>("assistant_lora_path", "string", "null", "Training adapter (Flux schnell)."));
+    t.push_back(field("assistant_lora_path", &S::assistant_lora_path,
+                      "Flux only, as in AI Toolkit: an adapter merged into the base while training and taken out "
+                      "for previews, never saved into the trained LoRA (FLUX.1-schnell needs "
+                      "ostris/FLUX.1-schnell-training-adapter). A .safetensors file, a folder holding "
+                      "pytorch_lora_weights.safetensors, or a Hugging Face repo id in the local cache."));
     t.push_back(not_yet<S>("inference_lora_path", "string", "null", "Adapter used only for sampling."));
     t.push_back(not_yet<S>("lora_path", "string", "null", "Adapter merged into the base."));
     t.push_back(not_yet<S>("unconditional_lora_path", "string", "null", "Adapter for the unconditional pass."));
@@ -479,8 +552,14 @@ const Table<ModelConfig>& model_table() {
     t.push_back(not_yet<S>("use_flux_cfg", "boolean", "false", "Flux CFG."));
     t.push_back(not_yet<S>("attn_masking", "boolean", "false", "Flux attention masking."));
     t.push_back(not_yet<S>("split_model_over_gpus", "boolean", "false", "Flux over several GPUs."));
-    t.push_back(not_yet<S>("compile", "boolean", "false", "torch.compile."));
-    t.push_back(not_yet<S>("block_compile", "boolean", "false", "torch.compile per block."));
+    t.push_back(accepted<S, bool>("compile", false, "torch.compile of the model (speed only); lora-train has no "
+                                                   "torch.compile."));
+    t.push_back(accepted<S, bool>("block_compile", false, "torch.compile per block (speed only)."));
+    t.push_back(accepted<S, std::string>("compile_mode", "default", "torch.compile mode (speed only)."));
+    t.push_back(accepted<S, bool>("compile_fullgraph", false, "torch.compile option (speed only)."));
+    t.push_back(accepted<S, bool>("compile_dynamic", true, "torch.compile option (speed only)."));
+    t.push_back(accepted<S, std::optional<int>>("cache_size_limit", std::nullopt,
+                                                "torch.compile cache size (speed only)."));
     t.push_back(not_yet<S>("model_kwargs", "mapping", "{}", "Model-specific options."));
     t.push_back(not_yet<S>("model_paths", "mapping", "{}", "Model-specific paths."));
     t.push_back(not_yet<S>("quantize_kwargs", "mapping", "{}", "Quantizer options."));
@@ -574,7 +653,8 @@ const Table<LoggingConfig>& logging_table() {
                     .no_effect());
     t.push_back(field("run_name", &S::run_name, "W&B run name; lora-train does not log to W&B.").no_effect());
     t.push_back(not_yet<S>("use_wandb", "boolean", "false", "Log to Weights & Biases."));
-    t.push_back(not_yet<S>("use_ui_logger", "boolean", "false", "Log to the AI Toolkit UI."));
+    t.push_back(ignored<S>("use_ui_logger", "boolean", "false",
+                           "Sends losses to AI Toolkit's UI; lora-train writes metrics.jsonl and its log instead."));
     return t;
   }();
   return t;
@@ -673,10 +753,12 @@ const Table<ProcessConfig>& process_table() {
     t.push_back(section("memory", &S::memory, &memory_table,
                         "lora-train's memory settings: simulated VRAM, the CUDA cap and the OOM guard."));
     t.back().info.ours = true;
-    t.push_back(not_yet<S>("performance_log_every", "integer", "0", "Print timers every N steps."));
+    t.push_back(ignored<S>("performance_log_every", "integer", "0",
+                           "AI Toolkit prints its per-phase timers every N steps (console bookkeeping)."));
     t.push_back(not_yet<S>("first_sample", "section", "null", "A separate sample section for the first sample."));
     t.push_back(not_yet<S>("log_dir", "string", "null", "TensorBoard folder."));
-    t.push_back(not_yet<S>("sqlite_db_path", "string", "null", "AI Toolkit UI job database."));
+    t.push_back(ignored<S>("sqlite_db_path", "string", "null",
+                           "AI Toolkit UI's job database (job status, stop requests); lora-train has no UI."));
     t.push_back(not_yet<S>("torch_profiler", "boolean", "false", "PyTorch profiler."));
     t.push_back(not_yet<S>("embedding", "section", "null", "Textual-inversion embedding."));
     t.push_back(not_yet<S>("adapter", "section", "null", "Image adapters (IP-Adapter, T2I, ControlNet)."));

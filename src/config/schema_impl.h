@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct Ctx {
   std::string override_key;                           // the dotted key of that override
   std::string name;                                   // config.name, for [name]
   std::map<std::string, SourceLocation>* origins = nullptr;
+  // While reading the file: dotted keys that a --set replaces. The file's value of such a key is
+  // not read (nor checked), so an override can replace a value the file gets wrong.
+  const std::set<std::string>* overridden = nullptr;
 
   [[noreturn]] void fail(const YAML::Mark& mark, const std::string& path, const std::string& message) const;
   SourceLocation where(const YAML::Mark& mark) const;
@@ -221,6 +225,7 @@ void read_section(S& s, const Table<S>& table, const Val& v, Ctx& c, const std::
     seen_line[name] = key.Mark().line + 1;
     const Key<S>& k = find_or_fail(table, name, key.Mark(), path, section_name, c);
     c.record(path, key.Mark());
+    if (c.overridden && c.overridden->count(path)) continue;  // the --set supplies this value
     k.read(s, Val{it->second, value_mark(key, it->second), path}, c, k.rules);
   }
 }
@@ -267,6 +272,36 @@ Key<S> not_yet(const char* name, const char* type, const char* default_yaml, con
   std::string d = default_yaml;
   k.read = [d](S&, const Val& v, Ctx& c, const Rules&) {
     if (!equals_default(v.node, d, c, v)) c.fail(v.mark, "", not_yet_message(v.path, d));  // names the key
+  };
+  return k;
+}
+
+// A key that serves only AI Toolkit's UI or bookkeeping: any value is accepted and nothing is read.
+template <class S>
+Key<S> ignored(const char* name, const char* type, const char* default_yaml, const char* doc) {
+  Key<S> k;
+  k.info.name = name;
+  k.info.type = type;
+  k.info.default_value = default_yaml;
+  k.info.doc = doc;
+  k.info.support = Support::kIgnored;
+  k.read = [](S&, const Val&, Ctx&, const Rules&) {};
+  return k;
+}
+
+// An AI Toolkit key whose value changes nothing here: checked like a T (with the key's rules),
+// then dropped. For keys worth keeping in the effective config, use field(...).no_effect().
+template <class S, class T>
+Key<S> accepted(const char* name, T default_value, const char* doc) {
+  Key<S> k;
+  k.info.name = name;
+  k.info.type = type_name(static_cast<T*>(nullptr));
+  k.info.default_value = value_text(default_value);
+  k.info.doc = doc;
+  k.info.support = Support::kNoEffect;
+  k.read = [](S&, const Val& v, Ctx& c, const Rules& r) {
+    T value{};
+    read_value(value, v, c, r);
   };
   return k;
 }

@@ -8,21 +8,6 @@
 
 namespace lt::memory {
 
-const char* to_string(Classification c) {
-  switch (c) {
-    case Classification::load: return "load";
-    case Classification::early_steps: return "early_steps";
-    case Classification::sometimes: return "sometimes";
-    case Classification::sampling: return "sampling";
-    case Classification::video_spike: return "video_spike";
-    case Classification::environment: return "environment";
-    case Classification::fragmentation: return "fragmentation";
-  }
-  return "unknown";
-}
-
-std::ostream& operator<<(std::ostream& os, Classification c) { return os << to_string(c); }
-
 bool is_conservative(const MemorySettings& s) {
   if (!s.gradient_checkpointing || s.batch_size > 1) return false;
   if (s.largest_resolution() > kConservativeResolution) return false;

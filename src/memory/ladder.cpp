@@ -62,24 +62,6 @@ int LadderHistory::quick_retries_at(Phase phase, int64_t step) const {
   }));
 }
 
-int reduced_frames(int frames) {
-  if (frames <= 1) return 1;
-  // Video VAEs compress time by 4 and want 4k+1 frames (Wan: 81, 41, 21...): halve k.
-  if ((frames - 1) % 4 == 0) return 4 * (((frames - 1) / 4) / 2) + 1;
-  return std::max(1, frames / 2);
-}
-
-int increased_frames(int frames, int cap) {
-  // Walk the reduction sequence down from the cap: the next step up is the smallest value in it
-  // above `frames`.
-  int best = cap;
-  for (int f = cap; f > frames; f = reduced_frames(f)) {
-    best = f;
-    if (f == 1) break;
-  }
-  return std::max(frames, std::min(best, cap));
-}
-
 namespace {
 
 constexpr int kSampleSizeFloor = 256;

@@ -11,18 +11,6 @@
 
 namespace lt::models {
 
-const char* family_name(ModelFamily f) {
-  switch (f) {
-    case ModelFamily::kSD1: return "sd1";
-    case ModelFamily::kSD2: return "sd2";
-    case ModelFamily::kSDXL: return "sdxl";
-    case ModelFamily::kFlux: return "flux";
-    case ModelFamily::kWan21: return "wan21";
-    case ModelFamily::kLoRA: return "lora";
-    default: return "unknown";
-  }
-}
-
 const char* format_name(KeyFormat f) {
   switch (f) {
     case KeyFormat::kLDM: return "ldm-single-file";
@@ -165,14 +153,12 @@ void detect_ldm(const io::SafetensorsFile& file, Detection& d) {
 Detection detect_checkpoint(const io::SafetensorsFile& file) {
   Detection d;
   if (any_key(file, ".lora_down.weight") || any_key(file, ".lora_up.weight")) {
-    d.family = ModelFamily::kLoRA;
     d.format = KeyFormat::kKohyaLoRA;
     d.evidence = "keys ending in .lora_down.weight / .lora_up.weight";
     d.components = split_components(file, {{"unet", "lora_unet_"}, {"text_encoder", "lora_te"}, {"transformer", "lora_transformer_"}});
     return d;
   }
   if (any_key(file, ".lora_A.weight") || any_key(file, ".lora_B.weight")) {
-    d.family = ModelFamily::kLoRA;
     d.format = KeyFormat::kPeftLoRA;
     d.evidence = "keys ending in .lora_A.weight / .lora_B.weight";
     d.components = split_components(file, {{"unet", "unet."}, {"text_encoder", "text_encoder"}, {"transformer", "transformer."}});
@@ -197,7 +183,7 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
     return d;
   }
   if (any_key(file, "patch_embedding.weight") && (any_key(file, "blocks.0.self_attn.q.weight") || any_key(file, "blocks.0.attn1.to_q.weight"))) {
-    d.family = ModelFamily::kWan21;
+    d.family = ModelFamily::kWan;
     d.format = any_key(file, "blocks.0.self_attn.q.weight") ? KeyFormat::kWanOriginal : KeyFormat::kDiffusers;
     d.evidence = "patch_embedding + blocks.0 attention";
     d.components = split_components(file, {{"transformer", ""}});
@@ -297,7 +283,7 @@ void require_complete(const Detection& d, const std::string& source, const std::
     parts += "\n  " + component + ": " + keys;
   }
   if (parts.empty()) return;
-  throw InputError(source + ": incomplete " + family_name(d.family) + " checkpoint (" + d.evidence + "); missing:" + parts);
+  throw InputError(source + ": incomplete " + playbook::to_string(d.family) + " checkpoint (" + d.evidence + "); missing:" + parts);
 }
 
 }  // namespace lt::models

@@ -1,7 +1,8 @@
 // The training run, top to bottom: config -> run folder -> device memory and the OOM guard ->
 // load (phase load) -> dataset and buckets -> caches (phase cache) -> optimizer and resume ->
 // baseline previews -> steps (phase train_step; sample and save phases between them) -> final
-// save and report. Every phase runs under the guard, which retries it with one change per OOM.
+// save and report. Every phase runs under the guard: an OOM gives the loop one change to make,
+// which it makes in apply(), and the phase runs again from the same start.
 #include "loratrain/train/trainer.h"
 
 #include <dlfcn.h>
@@ -12,7 +13,6 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <set>
 #include <thread>
 
 #include "loratrain/config/config.h"
@@ -21,20 +21,20 @@
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/image.h"
 #include "loratrain/lora/network.h"
-#include "loratrain/memory/budget_allocator.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
 #include "loratrain/models/attention.h"
-#include "loratrain/models/layers.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
+#include "loratrain/playbook/settings.h"
 #include "loratrain/sample/noise.h"
 #include "loratrain/sample/prompt.h"
 #include "loratrain/sample/sampler.h"
 #include "loratrain/sample/scheduler.h"
 #include "loratrain/train/checkpoint.h"
+#include "loratrain/train/diffusion_model.h"
+#include "loratrain/train/objective.h"
 #include "loratrain/train/progress.h"
-#include "loratrain/train/sd_pipeline.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/log.h"
@@ -44,8 +44,9 @@
 namespace lt::train {
 
 namespace fs = std::filesystem;
-using memory::Phase;
-using memory::PhaseContext;
+using playbook::MemorySettings;
+using playbook::Phase;
+using playbook::PhaseContext;
 
 void configure_cpu_threads() {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
@@ -88,65 +89,10 @@ void set_global_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
-// The settings the guard may change, read from the config.
-memory::MemorySettings settings_from_config(const config::ProcessConfig& p) {
-  memory::MemorySettings s;
-  s.gradient_checkpointing = p.train.gradient_checkpointing;
-  s.batch_size = p.train.batch_size;
-  s.grad_accumulation = std::max(p.train.gradient_accumulation, p.train.gradient_accumulation_steps);
-  std::set<int> resolutions;
-  for (const auto& d : p.datasets) resolutions.insert(d.resolution.begin(), d.resolution.end());
-  s.resolutions.assign(resolutions.begin(), resolutions.end());
-  s.sample_width = p.sample.width;
-  s.sample_height = p.sample.height;
-  s.sample_steps = p.sample.sample_steps;
-  s.sample_every = p.sample.sample_every;
-  s.disable_sampling = p.train.disable_sampling;
-  s.skip_first_sample = p.train.skip_first_sample;
-  s.low_vram = p.model.low_vram;
-  s.quantize = p.model.quantize ? (to_lower(p.model.qtype).find("int8") != std::string::npos ? memory::Quantize::int8
-                                                                                              : memory::Quantize::fp8)
-                                : memory::Quantize::none;
-  s.num_frames = p.datasets.empty() ? 1 : p.datasets[0].num_frames;
-  s.sample_num_frames = p.sample.num_frames;
-  s.is_video = false;
-  return s;
-}
-
 std::string yaml_list(const std::vector<int>& values) {
   std::string out = "[";
   for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
   return out + "]";
-}
-
-// The config with the guard's settings written back (fixed.yaml / effective.yaml).
-config::JobConfig config_with_settings(const config::JobConfig& job, const memory::MemorySettings& s) {
-  config::JobConfig out = job;
-  auto set = [&out](const std::string& key, const std::string& value) { config::set_value(out, key, value, "oom-guard"); };
-  set("train.gradient_checkpointing", s.gradient_checkpointing ? "true" : "false");
-  set("train.batch_size", std::to_string(s.batch_size));
-  set("train.gradient_accumulation", std::to_string(s.grad_accumulation));
-  set("train.gradient_accumulation_steps", "1");
-  const auto active = s.active_resolutions();
-  const auto& p = config::the_process(out);
-  for (size_t i = 0; i < p.datasets.size(); ++i) {
-    std::vector<int> kept;
-    for (int r : p.datasets[i].resolution) {
-      if (std::find(active.begin(), active.end(), r) != active.end()) kept.push_back(r);
-    }
-    if (kept.empty() && !active.empty()) kept.push_back(active.back());
-    set("datasets." + std::to_string(i) + ".resolution", yaml_list(kept));
-  }
-  set("sample.width", std::to_string(s.sample_width));
-  set("sample.height", std::to_string(s.sample_height));
-  set("sample.sample_steps", std::to_string(s.sample_steps));
-  set("train.disable_sampling", s.disable_sampling ? "true" : "false");
-  set("train.skip_first_sample", s.skip_first_sample ? "true" : "false");
-  set("model.low_vram", s.low_vram ? "true" : "false");
-  set("model.quantize", s.quantize != memory::Quantize::none ? "true" : "false");
-  if (s.quantize == memory::Quantize::int8) set("model.qtype", "qint8");
-  config::validate(out);
-  return out;
 }
 
 std::string timestamp_ms() {
@@ -164,6 +110,7 @@ class Trainer {
  private:
   // setup
   void open_run_folder();
+  void open_device_memory();
   void load_model();
   void prepare_data();
   void build_caches();
@@ -174,15 +121,17 @@ class Trainer {
   void sample_previews(int64_t step);
   void save_checkpoint(int64_t step, bool final);
   void save_state();
-  void quantize_base();
-  // the guard's changes
-  void apply_settings(const memory::MemorySettings& next);
-  void run_phase(Phase phase, PhaseContext where, const std::function<void()>& body);
+  // the guard's changes, made here in plain sight
+  void apply(const MemorySettings& next);
+  void rebucket(const MemorySettings& previous);
+  void cache_latents();
+  void release_encoders();
   void write_report(int exit_code, const std::string& outcome);
   int give_up(const memory::OomGiveUp& g);
 
   at::Tensor latents_for(const data::Batch& batch);
-  at::Tensor text_for(const data::Batch& batch);
+  Conditioning conditioning_for(const data::Batch& batch);
+  TextEmbedding cached_text(const std::string& caption);
   PhaseContext step_context() const;
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   bool sampling_due(int64_t step) const;
@@ -195,15 +144,17 @@ class Trainer {
   fs::path run_dir_;
   c10::Device device_ = c10::Device(c10::kCPU);
   at::ScalarType dtype_ = at::kFloat;
+  ModelLoadOptions model_options_;
 
   std::unique_ptr<memory::DeviceMemory> memory_;
   std::unique_ptr<memory::OomGuard> guard_;
-  memory::MemorySettings settings_;
+  MemorySettings settings_;
 
-  std::unique_ptr<SDPipeline> model_;
+  std::unique_ptr<DiffusionModel> model_;
   lora::LoRANetwork network_{nullptr};
   std::unique_ptr<optim::Optimizer> optimizer_;
   optim::LRSchedule lr_schedule_;
+  std::unique_ptr<TrainingObjective> objective_;
 
   std::unique_ptr<data::Dataset> dataset_;
   std::unique_ptr<data::BatchIterator> batches_;
@@ -212,8 +163,6 @@ class Trainer {
   std::unique_ptr<data::LatentCache> latent_cache_;
   std::unique_ptr<data::TextEmbeddingCache> text_cache_;
 
-  sample::NoiseSchedule noise_schedule_;
-  sample::PredictionType prediction_ = sample::PredictionType::kEpsilon;
   at::Generator noise_rng_;
   int64_t step_ = 0;          // optimizer steps completed
   int64_t total_steps_ = 0;
@@ -235,33 +184,14 @@ class Trainer {
 RunResult Trainer::run() {
   InterruptHandler interrupt_handler;
   open_run_folder();
-
-  // Device memory and the guard.
-  if (!p_->memory.alloc_conf.empty()) ::setenv("PYTORCH_CUDA_ALLOC_CONF", p_->memory.alloc_conf.c_str(), 1);
-  memory::tune_host_allocator();
-  memory::DeviceMemoryOptions memory_options;
-  memory_options.device = device_.str();
-  memory_options.simulate_vram = p_->memory.simulate_vram.bytes;
-  memory_options.vram_limit = p_->memory.vram_limit.bytes;
-  memory_ = memory::make_device_memory(memory_options);
-  if (request_.on_memory_ready) request_.on_memory_ready(*memory_);
-  memory::GuardOptions guard_options;
-  guard_options.enabled = p_->memory.oom_guard.enabled;
-  guard_options.max_attempts = p_->memory.oom_guard.max_attempts;
-  guard_options.scale_up = p_->memory.oom_guard.scale_up;
-  guard_options.scale_up_after = p_->memory.oom_guard.scale_up_after;
-  settings_ = settings_from_config(*p_);
-  guard_ = std::make_unique<memory::OomGuard>(*memory_, guard_options, settings_);
-  spdlog::info("device: {}", memory_->name());
-  guard_->check_start();
-
+  open_device_memory();
   // One seed for everything random in the run (adapter init, noise, data order): runs repeat
   // exactly, and a resumed run restores every generator's state on top.
   torch::manual_seed(seed());
   try {
-    run_phase(Phase::load, {}, [this] { load_model(); });
+    while (auto next = guard_->attempt(Phase::load, {}, [this] { load_model(); })) apply(*next);
     prepare_data();
-    run_phase(Phase::cache, {}, [this] { build_caches(); });
+    while (auto next = guard_->attempt(Phase::cache, {}, [this] { build_caches(); })) apply(*next);
     create_optimizer();
     restore_state();
 
@@ -269,19 +199,22 @@ RunResult Trainer::run() {
                           (!resumed_ || p_->train.force_first_sample);
     if (baseline) {
       spdlog::info("Generating baseline samples before training");
-      run_phase(Phase::baseline_sample, {0, settings_.sample_width, settings_.sample_height},
-                [this] { if (!settings_.disable_sampling && !settings_.skip_first_sample) sample_previews(0); });
+      while (auto next = guard_->attempt(Phase::baseline_sample, {0, settings_.sample_width, settings_.sample_height}, [this] {
+               if (!settings_.disable_sampling && !settings_.skip_first_sample) sample_previews(0);
+             })) {
+        apply(*next);
+      }
     }
 
     if (request_.on_training_start) request_.on_training_start(*memory_);
     ProgressLine progress;
     MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
-    spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, memory::summarize(settings_));
+    spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, summarize(settings_));
     while (step_ < total_steps_) {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state()};
       const auto started = std::chrono::steady_clock::now();
       in_train_step_ = true;
-      run_phase(Phase::train_step, step_context(), [this] { train_step(); });
+      while (auto next = guard_->attempt(Phase::train_step, step_context(), [this] { train_step(); })) apply(*next);
       in_train_step_ = false;
       ++step_;
       for (size_t image : step_images_) result_.images_seen[image] += 1;
@@ -302,22 +235,25 @@ RunResult Trainer::run() {
 
       if (auto heavier = guard_->step_completed(step_)) {
         progress.finish();
-        apply_settings(heavier->settings);
+        apply(heavier->settings);
       }
       if (sampling_due(step_)) {
         progress.finish();
-        run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height},
-                  [this] { if (!settings_.disable_sampling) sample_previews(step_); });
+        while (auto next = guard_->attempt(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] {
+                 if (!settings_.disable_sampling) sample_previews(step_);
+               })) {
+          apply(*next);
+        }
       }
       const bool save_due = p_->save.save_every > 0 && step_ % p_->save.save_every == 0 && step_ < total_steps_;
       if (save_due) {
         progress.finish();
-        run_phase(Phase::save, {step_}, [this] { save_checkpoint(step_, false); });
+        while (auto next = guard_->attempt(Phase::save, {step_}, [this] { save_checkpoint(step_, false); })) apply(*next);
       }
       const bool stop_requested = request_.stop_after_steps && step_ >= *request_.stop_after_steps;
       if ((g_interrupted || stop_requested) && step_ < total_steps_) {
         progress.finish();
-        run_phase(Phase::save, {step_}, [this] { save_state(); });
+        while (auto next = guard_->attempt(Phase::save, {step_}, [this] { save_state(); })) apply(*next);
         spdlog::warn("interrupted at step {}: state saved; run the same command again to resume", step_);
         write_report(130, "interrupted");
         result_.exit_code = 130;
@@ -325,16 +261,20 @@ RunResult Trainer::run() {
       }
     }
     progress.finish();
-    run_phase(Phase::save, {step_}, [this] { save_checkpoint(step_, true); });
+    while (auto next = guard_->attempt(Phase::save, {step_}, [this] { save_checkpoint(step_, true); })) apply(*next);
     if (!settings_.disable_sampling && p_->sample.sample_every > 0 && step_ % p_->sample.sample_every != 0) {
-      run_phase(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] { if (!settings_.disable_sampling) sample_previews(step_); });
+      while (auto next = guard_->attempt(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] {
+               if (!settings_.disable_sampling) sample_previews(step_);
+             })) {
+        apply(*next);
+      }
     }
   } catch (const memory::OomGiveUp& g) {
     result_.exit_code = give_up(g);
     return result_;
   }
   if (!guard_->attempts().empty()) {
-    config::write_effective_yaml(config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
+    config::write_effective_yaml(playbook::config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
     spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
   }
   // One log line per summary line, each marked as the guard's (diagnose reads them as such).
@@ -351,12 +291,6 @@ void Trainer::open_run_folder() {
   job_ = config::load_config(request_.config_path, request_.overrides);
   config::validate_paths(job_);
   p_ = &config::the_process(job_);
-  run_dir_ = fs::path(p_->training_folder) / job_.name;
-  fs::create_directories(run_dir_);
-  result_.run_dir = run_dir_;
-  log::add_file(run_dir_ / "log.txt");
-  spdlog::info("lora-train {} (LibTorch {}): run {} in {}", kVersion, TORCH_VERSION, job_.name, run_dir_.string());
-  config::write_effective_yaml(job_, run_dir_ / "config.yaml");
 
   const std::string device = to_lower(p_->device);
   if (device == "auto") {
@@ -372,27 +306,63 @@ void Trainer::open_run_folder() {
     throw Error(ExitCode::kEnvironment, "device " + p_->device + " requested, but CUDA is not available in this build or machine");
   }
   dtype_ = dtype_from_name(config::canonical_dtype(p_->train.dtype));
+  total_steps_ = p_->train.steps;
+  if (p_->memory.attention_chunk > 0) models::set_default_query_chunk(p_->memory.attention_chunk);
+
+  model_options_.name_or_path = p_->model.name_or_path;
+  model_options_.expected = playbook::family_from_arch(config::effective_arch(p_->model));
+  if (p_->model.tokenizer_path) model_options_.tokenizer_path = *p_->model.tokenizer_path;
+  if (p_->model.vae_path) model_options_.vae_path = *p_->model.vae_path;
+  model_options_.v_prediction = p_->model.is_v_pred;
+  model_options_.device = device_;
+  model_options_.train_text_encoder = p_->train.train_text_encoder;
+  if (model_options_.expected == ModelFamily::kUnknown) {
+    throw config::error_at(job_, "model.arch", "model.arch " + config::effective_arch(p_->model) +
+                                                   " is not supported yet by lora-train");
+  }
+  // The checkpoint's family from its headers, before anything is written: a wrong or unsupported
+  // checkpoint stops here.
+  const ModelFamily family = identify_model(model_options_);
+  settings_ = playbook::settings_from_config(*p_, playbook::is_video(family));
+
+  run_dir_ = fs::path(p_->training_folder) / job_.name;
+  fs::create_directories(run_dir_);
+  result_.run_dir = run_dir_;
+  log::add_file(run_dir_ / "log.txt");
+  spdlog::info("lora-train {} (LibTorch {}): run {} in {}", kVersion, TORCH_VERSION, job_.name, run_dir_.string());
+  config::write_effective_yaml(job_, run_dir_ / "config.yaml");
   if (device_.is_cpu() && dtype_ == at::kHalf) {
     spdlog::warn("train.dtype fp16 has no CPU kernels in this LibTorch: training in fp32 on the CPU");
     dtype_ = at::kFloat;
   }
-  total_steps_ = p_->train.steps;
-  if (p_->memory.attention_chunk > 0) models::set_default_query_chunk(p_->memory.attention_chunk);
+  model_options_.dtype = dtype_;
+}
+
+void Trainer::open_device_memory() {
+  if (!p_->memory.alloc_conf.empty()) ::setenv("PYTORCH_CUDA_ALLOC_CONF", p_->memory.alloc_conf.c_str(), 1);
+  memory::tune_host_allocator();
+  memory::DeviceMemoryOptions memory_options;
+  memory_options.device = device_.str();
+  memory_options.simulate_vram = p_->memory.simulate_vram.bytes;
+  memory_options.vram_limit = p_->memory.vram_limit.bytes;
+  memory_ = memory::make_device_memory(memory_options);
+  if (request_.on_memory_ready) request_.on_memory_ready(*memory_);
+  memory::GuardOptions guard_options;
+  guard_options.enabled = p_->memory.oom_guard.enabled;
+  guard_options.max_attempts = p_->memory.oom_guard.max_attempts;
+  guard_options.scale_up = p_->memory.oom_guard.scale_up;
+  guard_options.scale_up_after = p_->memory.oom_guard.scale_up_after;
+  guard_ = std::make_unique<memory::OomGuard>(*memory_, guard_options, settings_);
+  spdlog::info("device: {}", memory_->name());
+  guard_->check_start();
 }
 
 void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
-  SDLoadOptions options;
-  options.name_or_path = p_->model.name_or_path;
-  if (p_->model.tokenizer_path) options.tokenizer_path = *p_->model.tokenizer_path;
-  if (p_->model.vae_path) options.vae_path = *p_->model.vae_path;
-  options.dtype = dtype_;
-  options.device = device_;
-  options.defer_encoders = settings_.low_vram && !p_->train.train_text_encoder;
-  model_ = std::make_unique<SDPipeline>(options);
-  spdlog::info("loaded {} base from {}", models::family_name(model_->family()), p_->model.name_or_path);
-  prediction_ = p_->model.is_v_pred ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
+  model_options_.defer_encoders = settings_.low_vram;
+  model_ = load_diffusion_model(model_options_);
+  spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), p_->model.name_or_path);
 
   lora::NetworkConfig net;
   net.linear = p_->network.linear;
@@ -405,29 +375,21 @@ void Trainer::load_model() {
   net.train_unet = p_->train.train_unet;
   net.train_text_encoder = p_->train.train_text_encoder;
   network_ = lora::LoRANetwork(net);
-  network_->add_component(lora::ComponentSpec::sd_unet(), *model_->unet());
-  // A frozen text encoder gets no adapters: add it only when it trains (the low-VRAM path has
-  // not even loaded it yet).
-  if (p_->train.train_text_encoder) network_->add_component(lora::ComponentSpec::text_encoder(0), *model_->text_encoder());
+  for (const auto& target : model_->lora_targets()) network_->add_component(*target.spec, *target.root);
   network_->to(device_);
   network_->apply_to();
-  spdlog::info("LoRA: {} UNet and {} text-encoder modules, rank {}, alpha {}", network_->count(true), network_->count(false),
-               net.linear, net.linear_alpha);
+  spdlog::info("LoRA: {} denoiser and {} text-encoder modules, rank {}, alpha {}", network_->count(true),
+               network_->count(false), net.linear, net.linear_alpha);
   if (network_->trainable_parameters().empty()) {
     throw config::error_at(job_, "network", "no module was selected for training (check train_unet, train_text_encoder and "
                                             "network_kwargs)");
   }
-  model_->unet()->set_gradient_checkpointing(settings_.gradient_checkpointing);
-  model_->unet()->train();
-  if (settings_.quantize != memory::Quantize::none) quantize_base();
-}
-
-// The low-VRAM path's frozen weights: every Linear of the UNet (and the text encoder with
-// quantize_te) in int8 with per-channel scales, converted in place.
-void Trainer::quantize_base() {
-  int64_t released = models::quantize_linear_layers(*model_->unet());
-  if (p_->model.quantize_te.value_or(false)) released += models::quantize_linear_layers(*model_->text_encoder());
-  spdlog::info("base weights quantised to int8: {} released", format_bytes(released));
+  model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
+  model_->set_training(true);
+  if (settings_.quantize != playbook::Quantize::none) {
+    spdlog::info("base weights quantised to int8: {} released",
+                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+  }
 }
 
 void Trainer::prepare_data() {
@@ -449,7 +411,7 @@ void Trainer::prepare_data() {
   result_.images_seen.assign(dataset_->size(), 0);
 
   bucket_options_.resolutions = d.resolution;
-  bucket_options_.divisibility = 16;  // SD: VAE factor 8 x 2 (the UNet halves the latent three times)
+  bucket_options_.divisibility = static_cast<int>(model_->traits().bucket_divisibility);
   bucket_options_.enabled = d.buckets;
   batch_options_.batch_size = settings_.batch_size;
   batch_options_.seed = seed();
@@ -466,15 +428,9 @@ void Trainer::build_caches() {
     options.to_disk = d.cache_latents_to_disk;
     options.model_id = model_->model_id() + "|vae";
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
-    // Latents are sampled from the VAE's distribution with their own seeded generator, so a
-    // rebuilt cache (resume, a new bucket) holds the same values.
-    auto generator = sample::make_generator(seed() + 1);
-    auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
-      return model_->encode_images(pixels, generator).to(at::kCPU);
-    });
-    spdlog::info("latents: {} encoded, {} from disk, {} in memory", stats.encoded, stats.from_disk, stats.in_memory);
+    cache_latents();
     // On the low-VRAM path the VAE leaves before the text encoder arrives.
-    if (settings_.low_vram) model_->release(Component::vae);
+    if (settings_.low_vram) model_->release(Encoder::vae);
   }
   if (!p_->train.train_text_encoder) {
     data::CacheOptions options;
@@ -483,17 +439,35 @@ void Trainer::build_caches() {
     options.model_id = model_->model_id() + "|te";
     text_cache_ = std::make_unique<data::TextEmbeddingCache>(fs::path(d.folder_path) / "_t_e_cache", options);
     if (auto captions = dataset_->fixed_captions()) {
-      text_cache_->build(*captions, [this](const std::string& caption) {
-        torch::NoGradGuard no_grad;
-        return data::TextEmbedding{{"hidden_states", model_->encode_text({caption}).to(at::kCPU)}};
-      });
+      text_cache_->build(*captions, [this](const std::string& caption) { return cached_text(caption); });
     }
   }
   // With everything cached, the VAE and text encoder are not needed until sampling.
-  if (settings_.low_vram) {
-    if (latent_cache_) model_->release(Component::vae);
-    if (text_cache_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
-  }
+  if (settings_.low_vram) release_encoders();
+}
+
+// Latents are sampled from the VAE's distribution with their own seeded generator, so a rebuilt
+// cache (resume, a new bucket) holds the same values.
+void Trainer::cache_latents() {
+  auto generator = sample::make_generator(seed() + 1);
+  auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
+    return model_->encode_pixels(pixels, generator).to(at::kCPU);
+  });
+  spdlog::info("latents: {} encoded, {} from disk, {} in memory", stats.encoded, stats.from_disk, stats.in_memory);
+}
+
+// One caption's embeddings for the cache: computed without gradients, kept on the CPU.
+TextEmbedding Trainer::cached_text(const std::string& caption) {
+  torch::NoGradGuard no_grad;
+  TextEmbedding embedding = model_->encode_text({caption});
+  for (auto& [name, tensor] : embedding) tensor = tensor.to(at::kCPU);
+  return embedding;
+}
+
+// The low-VRAM path: what is cached needs no encoder until previews are made.
+void Trainer::release_encoders() {
+  if (latent_cache_) model_->release(Encoder::vae);
+  if (text_cache_ && dataset_ && dataset_->fixed_captions()) model_->release(Encoder::text);
 }
 
 void Trainer::create_optimizer() {
@@ -515,18 +489,23 @@ void Trainer::create_optimizer() {
   const double unet_lr = p_->train.unet_lr.value_or(p_->train.lr);
   const double te_lr = p_->train.text_encoder_lr.value_or(p_->train.lr);
   std::vector<double> scales;
-  for (const auto& module : network_->modules()) {
-    const bool is_unet = starts_with(module->lora_name, "lora_unet");
-    for (size_t i = 0; i < module->parameters().size(); ++i) scales.push_back(is_unet || unet_lr == 0 ? 1.0 : te_lr / unet_lr);
+  for (size_t m = 0; m < network_->modules().size(); ++m) {
+    const bool denoiser = network_->is_denoiser_module(m);
+    for (size_t i = 0; i < network_->modules()[m]->parameters().size(); ++i) {
+      scales.push_back(denoiser || unet_lr == 0 ? 1.0 : te_lr / unet_lr);
+    }
   }
   if (scales.size() == optimizer_->params().size()) optimizer_->set_lr_scales(scales);
   lr_schedule_.type = optim::parse_lr_scheduler(p_->train.lr_scheduler);
-  lr_schedule_.lr = p_->train.unet_lr.value_or(p_->train.lr);
+  lr_schedule_.lr = unet_lr;
   lr_schedule_.total_steps = total_steps_;
   if (auto warmup = config::param_number(p_->train.lr_scheduler_params, "warmup_steps", "train.lr_scheduler_params.warmup_steps")) {
     lr_schedule_.warmup_steps = static_cast<int64_t>(*warmup);
   }
-  noise_schedule_ = sample::NoiseSchedule(sample::NoiseScheduleConfig{});
+  ObjectiveOptions objective;
+  objective.noise_offset = p_->train.noise_offset;
+  objective.min_snr_gamma = p_->train.min_snr_gamma;
+  objective_ = std::make_unique<TrainingObjective>(model_->traits(), objective);
 }
 
 void Trainer::restore_state() {
@@ -540,35 +519,33 @@ void Trainer::restore_state() {
   if (state->config_name != job_.name) {
     throw InputError(path.string() + ": the saved state belongs to run '" + state->config_name + "', not '" + job_.name + "'");
   }
-  torch::NoGradGuard no_grad;
-  auto params = network_->named_parameters(true);
-  if (static_cast<size_t>(params.size()) != state->adapter.size()) {
-    throw InputError(path.string() + ": the saved adapter has " + std::to_string(state->adapter.size()) +
-                     " tensors, this network " + std::to_string(params.size()) + " (network settings changed?)");
-  }
-  for (const auto& [name, value] : state->adapter) {
-    auto* target = params.find(name);
-    if (!target || target->sizes() != value.sizes()) {
-      throw InputError(path.string() + ": adapter tensor '" + name + "' does not match this network");
+  {
+    torch::NoGradGuard no_grad;
+    auto params = network_->named_parameters(true);
+    if (static_cast<size_t>(params.size()) != state->adapter.size()) {
+      throw InputError(path.string() + ": the saved adapter has " + std::to_string(state->adapter.size()) +
+                       " tensors, this network " + std::to_string(params.size()) + " (network settings changed?)");
     }
-    target->copy_(value);
+    for (const auto& [name, value] : state->adapter) {
+      auto* target = params.find(name);
+      if (!target || target->sizes() != value.sizes()) {
+        throw InputError(path.string() + ": adapter tensor '" + name + "' does not match this network");
+      }
+      target->copy_(value);
+    }
   }
   optimizer_->load_state_dict(state->optimizer);
   sample::set_generator_state(noise_rng_, state->noise_rng);
   set_global_rng_state(state->global_rng);
+  // The guard's changes from the interrupted run carry over: the saved settings win.
   if (!state->settings_json.empty()) {
-    // The guard's changes from the interrupted run carry over; the saved settings win.
-    auto saved = nlohmann::json::parse(state->settings_json);
-    memory::MemorySettings s = settings_;
-    s.gradient_checkpointing = saved.value("gradient_checkpointing", s.gradient_checkpointing);
-    s.batch_size = saved.value("batch_size", s.batch_size);
-    s.grad_accumulation = saved.value("grad_accumulation", s.grad_accumulation);
-    s.dropped_largest = saved.value("dropped_largest", s.dropped_largest);
-    s.sample_width = saved.value("sample_width", s.sample_width);
-    s.sample_height = saved.value("sample_height", s.sample_height);
-    s.sample_steps = saved.value("sample_steps", s.sample_steps);
-    s.disable_sampling = saved.value("disable_sampling", s.disable_sampling);
-    if (s != settings_) apply_settings(s);
+    MemorySettings saved = settings_;
+    playbook::from_json(nlohmann::json::parse(state->settings_json), saved);
+    if (saved != settings_) {
+      spdlog::info("settings carried over from the interrupted run: {}", summarize(saved));
+      guard_->adopt(saved);
+      apply(saved);
+    }
   }
   batches_->restore_state(state->data_position);
   step_ = state->step;
@@ -594,19 +571,23 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
     for (const auto& item : batch.items) all_cached = all_cached && latent_cache_->contains(item.image, item.placement, item.flip_x);
     if (all_cached) return latent_cache_->batch(batch).to(device_);
   }
-  torch::NoGradGuard no_grad;
-  return model_->encode_images(batches_->load_pixels(batch), noise_rng_);
+  return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
 }
 
-at::Tensor Trainer::text_for(const data::Batch& batch) {
+Conditioning Trainer::conditioning_for(const data::Batch& batch) {
+  Conditioning c;
   if (text_cache_) {
-    auto embedding = text_cache_->batch(batch.captions(), [this](const std::string& caption) {
-      torch::NoGradGuard no_grad;
-      return data::TextEmbedding{{"hidden_states", model_->encode_text({caption}).to(at::kCPU)}};
-    });
-    return embedding.at(0).second.to(device_);
+    c.text = text_cache_->batch(batch.captions(), [this](const std::string& caption) { return cached_text(caption); });
+    for (auto& [name, tensor] : c.text) tensor = tensor.to(device_);
+  } else {
+    c.text = model_->encode_text(batch.captions());
   }
-  return model_->encode_text(batch.captions());
+  for (const auto& item : batch.items) {
+    const auto& image = dataset_->images()[item.image];
+    c.images.push_back({image.width, image.height, item.placement.crop_x, item.placement.crop_y,
+                        item.placement.crop_width, item.placement.crop_height});
+  }
+  return c;
 }
 
 // One optimizer step over grad_accumulation batches. Runs again from the same start after an OOM.
@@ -617,23 +598,14 @@ void Trainer::train_step() {
   optimizer_->zero_grad();
   step_images_.clear();
 
-  auto& unet = model_->unet();
   const int accumulation = settings_.grad_accumulation;
   double loss_sum = 0;
   for (int micro = 0; micro < accumulation; ++micro) {
     data::Batch batch = batches_->next();
     for (const auto& item : batch.items) step_images_.push_back(item.image);
-    at::Tensor latents = latents_for(batch);                 // [B, 4, h, w]
-    at::Tensor context = text_for(batch);                    // [B, 77, D]
-    sample::TrainingNoiseOptions noise_options;
-    noise_options.noise_offset = p_->train.noise_offset;
-    auto noise = sample::make_training_noise(noise_schedule_, latents, noise_rng_, noise_options);
-    at::Tensor prediction = unet->forward(noise.noisy_latents.to(dtype_), noise.timesteps, context.to(dtype_));
-    at::Tensor target = noise_schedule_.target(prediction_, latents, noise.noise, noise.timesteps);
-    at::Tensor per_sample = sample::mse_loss_per_sample(prediction, target);
-    at::Tensor weights;
-    if (p_->train.min_snr_gamma) weights = noise_schedule_.min_snr_weights(noise.timesteps, *p_->train.min_snr_gamma, prediction_);
-    at::Tensor loss = sample::weighted_mean(per_sample, weights) / accumulation;
+    const Conditioning conditioning = conditioning_for(batch);
+    const at::Tensor latents = latents_for(batch);
+    at::Tensor loss = training_loss(*model_, *objective_, latents, conditioning, noise_rng_) / accumulation;
     // fp16 activations underflow in backward: scale the loss up, and the gradients back down below.
     (dtype_ == at::kHalf ? loss * loss_scale_ : loss).backward();
     loss_sum += loss.item<double>();
@@ -710,52 +682,47 @@ void Trainer::sample_previews(int64_t step) {
     prompt.steps = std::min<int64_t>(prompt.steps, settings_.sample_steps);
   }
 
-  auto& unet = model_->unet();
-  unet->eval();
-  torch::NoGradGuard no_grad;
+  const ModelTraits& traits = model_->traits();
   const fs::path folder = run_dir_ / "samples";
   fs::create_directories(folder);
   std::vector<io::Image> images;
   const std::string stamp = timestamp_ms();
-  const int64_t factor = model_->vae_scale_factor();
-  // SD1.x and SD2.x share SD1.5's scheduler config; v-prediction models (SD2.x 768) their own.
-  const std::string scheduler_family = prediction_ == sample::PredictionType::kVPrediction ? "sd2_v" : "sd15";
-  try {
+  {
+    EvalScope eval(*model_);
+    torch::NoGradGuard no_grad;
+    struct MultiplierReset {
+      lora::LoRANetwork& network;
+      ~MultiplierReset() { network->set_multiplier(1.0); }
+    } reset{network_};
     for (size_t i = 0; i < prompts.size(); ++i) {
       const auto& prompt = prompts[i];
       network_->set_multiplier(prompt.network_multiplier);
-      at::Tensor cond = model_->encode_text({prompt.text}).to(dtype_);
-      at::Tensor uncond = model_->encode_text({prompt.negative}).to(dtype_);
+      // A preview is conditioned as a training image of its own size, uncropped.
+      const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
+      const Conditioning cond{model_->encode_text({prompt.text}), {geometry}};
+      const Conditioning uncond{model_->encode_text({prompt.negative}), {geometry}};
       auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler),
-                                              sample::default_scheduler_config(scheduler_family));
+                                              sample::default_scheduler_config(traits.scheduler_config));
       sample::SamplerOptions options;
       options.steps = prompt.steps;
       options.guidance_scale = prompt.guidance_scale;
       options.guidance_rescale = prompt.guidance_rescale;
       options.seed = static_cast<uint64_t>(prompt.seed);
-      options.latent_shape = {1, unet->config.in_channels, prompt.height / factor, prompt.width / factor};
+      options.latent_shape = {1, traits.latent_channels, prompt.height / traits.latent_downscale,
+                              prompt.width / traits.latent_downscale};
       options.dtype = dtype_;
       options.device = device_;
-      options.prediction_type = prediction_;
+      options.prediction_type = traits.prediction;
       at::Tensor latents = sample::sample(*scheduler, [&](const at::Tensor& x, const at::Tensor& t, bool use_uncond) {
-        return unet->forward(x, t.to(device_), use_uncond ? uncond : cond);
+        return model_->predict(x, t, use_uncond ? uncond : cond);
       }, options);
       images.push_back(io::tensor_to_image(model_->decode_latents(latents)[0]));
       io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
     }
-  } catch (...) {
-    network_->set_multiplier(1.0);
-    unet->train();
-    throw;
   }
-  network_->set_multiplier(1.0);
-  unet->train();
   io::write_png(folder / fmt::format("grid_{}.png", step_tag(step)), io::make_grid(images));
   spdlog::info("samples at step {}: {} images in {}", step, images.size(), folder.string());
-  if (settings_.low_vram) {
-    if (latent_cache_) model_->release(Component::vae);
-    if (text_cache_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
-  }
+  if (settings_.low_vram) release_encoders();
 }
 
 void Trainer::save_checkpoint(int64_t step, bool final) {
@@ -763,7 +730,6 @@ void Trainer::save_checkpoint(int64_t step, bool final) {
   options.format = p_->save.save_format == "peft" ? lora::LoRAFormat::PEFT : lora::LoRAFormat::Kohya;
   options.dtype = dtype_from_name(config::canonical_dtype(p_->save.dtype));
   options.metadata = {{"ss_output_name", job_.name},
-                      {"ss_base_model_version", std::string(models::family_name(model_->family())) == "sd2" ? "sd_v2" : "sd_v1"},
                       {"ss_steps", std::to_string(step)},
                       {"ss_max_train_steps", std::to_string(total_steps_)},
                       {"ss_learning_rate", fmt::format("{}", p_->train.lr)},
@@ -776,9 +742,9 @@ void Trainer::save_checkpoint(int64_t step, bool final) {
                       {"ss_mixed_precision", config::canonical_dtype(p_->train.dtype)},
                       {"ss_num_train_images", std::to_string(dataset_->size())},
                       {"ss_noise_offset", fmt::format("{}", p_->train.noise_offset)},
-                      {"ss_v2", model_->family() == models::ModelFamily::kSD2 ? "True" : "False"},
                       {"training_info", nlohmann::json{{"step", step}}.dump()},
                       {"lora_train_version", kVersion}};
+  for (const auto& [key, value] : model_->lora_metadata()) options.metadata[key] = value;
   if (final) {
     result_.lora_path = run_dir_ / (job_.name + ".safetensors");
     network_->save(result_.lora_path, options);
@@ -813,53 +779,46 @@ void Trainer::save_state() {
   save_training_state(state_path(run_dir_), state);
 }
 
-void Trainer::run_phase(Phase phase, PhaseContext where, const std::function<void()>& body) {
-  guard_->run(phase, where, body, [this](const memory::MemorySettings& next) { apply_settings(next); });
-}
-
-// Applies the guard's one change. The step in progress restarts from step_start_.
-void Trainer::apply_settings(const memory::MemorySettings& next) {
-  const memory::MemorySettings previous = settings_;
+// The guard's one change (or a scale-up, or the settings a resumed run carries over), made here.
+// Inside a training step the step then restarts from step_start_.
+void Trainer::apply(const MemorySettings& next) {
+  const MemorySettings previous = settings_;
+  const playbook::SettingsChange change = playbook::changes(previous, next);
   settings_ = next;
   if (!model_) return;  // failed while loading: load_model() reads settings_ on the retry
-  if (next.gradient_checkpointing != previous.gradient_checkpointing) {
-    model_->unet()->set_gradient_checkpointing(next.gradient_checkpointing);
+  if (change.checkpointing) model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
+  if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
+  if (latent_cache_ && change.buckets) cache_latents();
+  if (change.quantize) {
+    spdlog::info("base weights quantised to int8: {} released",
+                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
   }
-  if (batches_) {
-    // Inside a training step the data goes back to the step's start (the step is retried with
-    // the same batch); between steps (sampling, saving) the position stays where it is.
-    if (in_train_step_) batches_->seek(step_start_.position);
-    if (next.dropped_largest < previous.dropped_largest) {
-      // A scale-up re-enables a dropped bucket: plan again from the dataset, drop down to the
-      // new count, and continue at the same place in the epoch.
-      const data::BatchPosition at = batches_->position();
-      batch_options_.batch_size = previous.batch_size;
-      batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
-      for (int i = 0; i < next.dropped_largest; ++i) batches_->drop_largest_resolution();
-      batches_->seek({at.epoch, std::min(at.index, batches_->batches_per_epoch() - 1)});
-    }
-    if (next.batch_size != previous.batch_size) {
-      batches_->set_batch_size(next.batch_size);
-      batch_options_.batch_size = next.batch_size;
-    }
-    for (int i = std::max(previous.dropped_largest, 0); next.dropped_largest > previous.dropped_largest && i < next.dropped_largest; ++i) {
-      if (auto drop = batches_->drop_largest_resolution()) {
-        spdlog::info("resolution {} dropped: {} entries re-bucketed to {}", drop->from, drop->moved_entries, drop->to);
-      }
-    }
-    if (latent_cache_ && next.dropped_largest != previous.dropped_largest) {
-      auto generator = sample::make_generator(seed() + 1);
-      latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
-        return model_->encode_images(pixels, generator).to(at::kCPU);
-      });
-    }
-    if (in_train_step_) step_start_.position = batches_->position();
+  if (change.low_vram) release_encoders();
+}
+
+// New buckets and/or batch size for the batch iterator. Inside a training step the data goes back
+// to the step's start (the step is retried with the same batch); between steps the position stays.
+void Trainer::rebucket(const MemorySettings& previous) {
+  if (in_train_step_) batches_->seek(step_start_.position);
+  if (settings_.dropped_largest < previous.dropped_largest) {
+    // A scale-up re-enables a dropped bucket: plan again from the dataset, drop down to the new
+    // count, and continue at the same place in the epoch.
+    const data::BatchPosition at = batches_->position();
+    batch_options_.batch_size = previous.batch_size;
+    batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
+    for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();
+    batches_->seek({at.epoch, std::min(at.index, batches_->batches_per_epoch() - 1)});
   }
-  if (next.quantize != memory::Quantize::none && previous.quantize == memory::Quantize::none) quantize_base();
-  if (next.low_vram && !previous.low_vram) {
-    if (latent_cache_) model_->release(Component::vae);
-    if (text_cache_ && dataset_ && dataset_->fixed_captions()) model_->release(Component::text_encoder);
+  if (settings_.batch_size != previous.batch_size) {
+    batches_->set_batch_size(settings_.batch_size);
+    batch_options_.batch_size = settings_.batch_size;
   }
+  for (int i = std::max(previous.dropped_largest, 0); i < settings_.dropped_largest; ++i) {
+    if (auto drop = batches_->drop_largest_resolution()) {
+      spdlog::info("resolution {} dropped: {} entries re-bucketed to {}", drop->from, drop->moved_entries, drop->to);
+    }
+  }
+  if (in_train_step_) step_start_.position = batches_->position();
 }
 
 int Trainer::give_up(const memory::OomGiveUp& g) {
@@ -874,7 +833,7 @@ int Trainer::give_up(const memory::OomGiveUp& g) {
     }
   }
   try {
-    config::write_effective_yaml(config_with_settings(job_, d.settings), run_dir_ / "fixed.yaml");
+    config::write_effective_yaml(playbook::config_with_settings(job_, d.settings), run_dir_ / "fixed.yaml");
     spdlog::info("settings to try next: {}", (run_dir_ / "fixed.yaml").string());
   } catch (const std::exception& e) {
     spdlog::error("could not write fixed.yaml: {}", e.what());

@@ -6,6 +6,7 @@
 
 #include "loratrain/config/config.h"
 #include "loratrain/config/schema.h"
+#include "scoped_env.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;
@@ -283,6 +284,11 @@ CATCH_TEST_CASE("validate_paths checks dataset folders where they are set", "[co
     text.replace(text.find("/data/images"), 12, folder);
     return text;
   };
+  // The base as a repo id in a (fake) local Hugging Face cache.
+  fs::create_directories(dir / "hub" / "models--org--hub-model" / "snapshots" / "c0ffee");
+  write(dir / "hub" / "models--org--hub-model" / "snapshots" / "c0ffee" / "model_index.json", "{}");
+  lt::test::ScopedEnv env;
+  env.set("HF_HUB_CACHE", (dir / "hub").string());
   auto check = [&](const std::string& folder) {
     JobConfig job = parse_config_text(config_for(folder), "paths.yaml", {"model.name_or_path=org/hub-model"});
     validate_paths(job);
@@ -296,7 +302,12 @@ CATCH_TEST_CASE("validate_paths checks dataset folders where they are set", "[co
   // A missing local checkpoint is reported at model.name_or_path.
   JobConfig job = parse_config_text(config_for((dir / "images").string()), "paths.yaml");
   CATCH_CHECK(error_of([&] { validate_paths(job); }) ==
-              "paths.yaml:9:9: model.name_or_path: model file '/models/base.safetensors' does not exist");
+              "paths.yaml:9:9: model.name_or_path: '/models/base.safetensors' does not exist");
+  // A repo id missing from the cache is reported at the key too (the resolver's own tests: test_model_path.cpp).
+  CATCH_CHECK(error_of([&] {
+                validate_paths(parse_config_text(config_for((dir / "images").string()), "paths.yaml",
+                                                 {"model.name_or_path=org/other"}));
+              }).find("--set model.name_or_path=org/other: 'org/other' is not a local path") == 0);
 }
 
 CATCH_TEST_CASE("the key table knows memory levers and support status", "[config]") {

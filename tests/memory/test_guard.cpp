@@ -169,12 +169,10 @@ CATCH_TEST_CASE("guard (b): sampling OOM -> previews shrunk, then disabled; trai
     ++samples_drawn;
   };
   for (int64_t step = 1; step <= 6; ++step) {
-    guard.run(Phase::train_step, {step, 256, 256, 1, 1, 256}, [&] { toy_train_step(applied, 256); },
-              [&](const MemorySettings& next) { applied = next; });
+    while (auto next = guard.attempt(Phase::train_step, {step, 256, 256, 1, 1, 256}, [&] { toy_train_step(applied, 256); })) applied = *next;
     guard.step_completed(step);
     if (step % 3 == 0) {
-      guard.run(Phase::sample, {step, applied.sample_width, applied.sample_height, 1, 1, 0}, sample,
-                [&](const MemorySettings& next) { applied = next; });
+      while (auto next = guard.attempt(Phase::sample, {step, applied.sample_width, applied.sample_height, 1, 1, 0}, sample)) applied = *next;
     }
   }
   CATCH_CHECK(kinds(guard) == std::vector<K>{K::shrink_samples, K::disable_sampling});
@@ -294,8 +292,7 @@ CATCH_TEST_CASE("guard (e): video batch -> frames first", "[memory][guard]") {
     for (int l = 0; l < 4; ++l) acts.push_back(torch::ones({applied.num_frames, 128, 128}, torch::kFloat32));
   };
   for (int64_t k = 1; k <= 3; ++k) {
-    guard.run(Phase::train_step, {k, 128, 128, applied.num_frames, 1, 128}, step,
-              [&](const MemorySettings& next) { applied = next; });
+    while (auto next = guard.attempt(Phase::train_step, {k, 128, 128, applied.num_frames, 1, 128}, step)) applied = *next;
   }
   CATCH_CHECK(kinds(guard) == std::vector<K>{K::reduce_frames});
   CATCH_CHECK(applied.num_frames == 17);
@@ -429,8 +426,10 @@ CATCH_TEST_CASE("guard: scale_up after stable steps, reverted for good when it f
   MemorySettings applied = s;
   std::vector<std::string> scale_actions;
   for (int64_t step = 1; step <= 12; ++step) {
-    guard.run(Phase::train_step, {step, 512, 512, 1, applied.batch_size, 512},
-              [&] { toy_train_step(applied, 512); }, [&](const MemorySettings& n) { applied = n; });
+    while (auto next = guard.attempt(Phase::train_step, {step, 512, 512, 1, applied.batch_size, 512},
+                                     [&] { toy_train_step(applied, 512); })) {
+      applied = *next;
+    }
     if (auto up = guard.step_completed(step)) {
       scale_actions.push_back(up->description);
       applied = up->settings;

@@ -94,6 +94,54 @@ CATCH_TEST_CASE("early-step OOM: checkpointing, then batch 1 with accumulation, 
   CATCH_CHECK(p.train.batch_size * p.train.gradient_accumulation == 4);
 }
 
+CATCH_TEST_CASE("guard recovery, then an interruption: the resumed run keeps the guard's settings and ends bit-identical",
+                "[guard][e2e][resume]") {
+  auto root = lt::test::scratch_dir("guard_resume");
+  const std::vector<std::string> batch4 = {"train.batch_size=4", "datasets.0.resolution=[64]"};
+  auto heavy = measure(root, "calib_heavy", batch4);
+  auto mid = measure(root, "calib_mid", {"train.batch_size=4", "train.gradient_checkpointing=true", "datasets.0.resolution=[64]"});
+  auto light = measure(root, "calib_light", {"train.batch_size=1", "train.gradient_checkpointing=true", "datasets.0.resolution=[64]"});
+  const int64_t floor_peak = std::max({phase_peak(heavy, "load"), phase_peak(heavy, "cache"), phase_peak(light, "train_step")});
+  const int64_t mid_peak = phase_peak(mid, "train_step");
+  CATCH_INFO("train_step peaks: heavy " << phase_peak(heavy, "train_step") << ", checkpointing " << mid_peak
+                                        << ", batch 1 " << phase_peak(light, "train_step") << "; floor " << floor_peak);
+  CATCH_REQUIRE(mid_peak > floor_peak * 21 / 20);
+  // Checkpointing alone does not fit; batch 1 x accumulation 4 does.
+  const std::string budget = "        simulate_vram: " + std::to_string(floor_peak + (mid_peak - floor_peak) / 2) + "\n";
+
+  lt::train::RunRequest straight;
+  straight.config_path = lt::test::write_tiny_config(root / "a", "recover", 6, "", budget);
+  straight.overrides = batch4;
+  auto whole = lt::train::run_training(straight);
+  CATCH_REQUIRE(whole.exit_code == 0);
+  CATCH_REQUIRE(whole.actions.size() == 2);
+  CATCH_CHECK(whole.actions[0] == "train.gradient_checkpointing: false -> true");
+  CATCH_CHECK(whole.actions[1].find("train.batch_size: 4 -> 1") != std::string::npos);
+
+  lt::train::RunRequest first_half = straight;
+  first_half.config_path = lt::test::write_tiny_config(root / "b", "recover", 6, "", budget);
+  first_half.stop_after_steps = 3;
+  auto interrupted = lt::train::run_training(first_half);
+  CATCH_REQUIRE(interrupted.exit_code == 130);
+  CATCH_CHECK(interrupted.actions == whole.actions);
+
+  lt::train::RunRequest second_half = straight;
+  second_half.config_path = first_half.config_path;
+  auto resumed = lt::train::run_training(second_half);
+  CATCH_REQUIRE(resumed.exit_code == 0);
+  CATCH_CHECK(resumed.actions.empty());  // nothing failed again: the settings came with the state
+  CATCH_REQUIRE(resumed.losses.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CATCH_CHECK(resumed.losses[i] == whole.losses[3 + i]);
+  auto a = read_all(root / "a" / "recover" / "recover.safetensors");
+  auto b = read_all(root / "b" / "recover" / "recover.safetensors");
+  CATCH_REQUIRE(a.size() == b.size());
+  for (const auto& [name, t] : a) CATCH_CHECK(torch::equal(t, b.at(name)));
+  auto report = read_json(root / "b" / "recover" / "report.json");
+  CATCH_CHECK(report.at("final_settings").at("batch_size") == 1);
+  CATCH_CHECK(report.at("final_settings").at("gradient_accumulation") == 4);
+  CATCH_CHECK(report.at("final_settings").at("gradient_checkpointing") == true);
+}
+
 CATCH_TEST_CASE("injected allocation failures lose nothing: the LoRA is bit-identical", "[guard][e2e]") {
   auto root = lt::test::scratch_dir("guard_faults");
   lt::train::RunRequest clean;

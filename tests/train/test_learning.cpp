@@ -1,38 +1,45 @@
-// The gradient path learns: a LoRA on the tiny SD UNet fits a fixed batch.
+// The gradient path learns: the trainer's own loss function (training_loss) with a LoRA on the
+// tiny SD1-architecture base fits a fixed batch.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include "loratrain/lora/network.h"
-#include "loratrain/models/sd/unet.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/sample/noise.h"
+#include "loratrain/train/diffusion_model.h"
+#include "loratrain/train/objective.h"
+#include "train_fixture.h"
 
-CATCH_TEST_CASE("a LoRA on the tiny SD UNet halves the loss on a fixed batch", "[train][learning]") {
+CATCH_TEST_CASE("a LoRA on the tiny SD base halves the loss on a fixed batch", "[train][learning]") {
   torch::manual_seed(3);
-  nlohmann::json config = {{"down_block_types", {"CrossAttnDownBlock2D", "DownBlock2D"}},
-                           {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D"}},
-                           {"block_out_channels", {32, 64}},
-                           {"layers_per_block", 1},
-                           {"attention_head_dim", 2},
-                           {"cross_attention_dim", 32},
-                           {"norm_num_groups", 16}};
-  lt::models::sd::UNet2DConditionModel unet(lt::models::sd::UNetConfig::from_json(config));
+  lt::train::ModelLoadOptions options;
+  options.name_or_path = lt::test::tiny_assets() / "base" / "model.safetensors";
+  auto model = lt::train::load_diffusion_model(options);
+  CATCH_REQUIRE(model->traits().family == lt::train::ModelFamily::kSD1);
+
   lt::lora::NetworkConfig net;
   net.linear = 8;
   net.linear_alpha = 8;
   lt::lora::LoRANetwork network(net);
-  CATCH_REQUIRE(network->add_component(lt::lora::ComponentSpec::sd_unet(), *unet) > 0);
+  for (const auto& target : model->lora_targets()) network->add_component(*target.spec, *target.root);
+  CATCH_REQUIRE(network->count(true) > 0);
   network->apply_to();
+  model->set_training(true);
   auto optimizer = lt::optim::make_optimizer("adamw", network->trainable_parameters(), {});
+  const lt::train::TrainingObjective objective(model->traits(), {});
 
-  lt::sample::NoiseSchedule schedule;
   auto generator = lt::sample::make_generator(11);
-  auto latents = lt::sample::randn({2, 4, 8, 8}, generator);
-  auto context = lt::sample::randn({2, 6, 32}, generator);
-  auto noise = lt::sample::make_training_noise(schedule, latents, generator);
+  const auto latents = lt::sample::randn({2, model->traits().latent_channels, 8, 8}, generator);
+  lt::train::Conditioning conditioning;
+  {
+    torch::NoGradGuard no_grad;
+    conditioning.text = model->encode_text({"a red circle", "a blue square"});
+  }
+  const auto start = lt::sample::generator_state(generator);
+  // The same example every time: the generator goes back to where it was.
   auto loss_now = [&] {
-    auto prediction = unet->forward(noise.noisy_latents, noise.timesteps, context);
-    return lt::sample::weighted_mean(lt::sample::mse_loss_per_sample(prediction, noise.noise));
+    lt::sample::set_generator_state(generator, start);
+    return lt::train::training_loss(*model, objective, latents, conditioning, generator);
   };
   const double first = loss_now().item<double>();
   for (int step = 0; step < 60; ++step) {

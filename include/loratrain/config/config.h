@@ -65,7 +65,7 @@ struct SaveConfig {
   std::string dtype = "float16";
   int save_every = 1000;
   int max_step_saves_to_keep = 5;
-  std::string save_format = "safetensors";
+  std::string save_format = "safetensors";  // safetensors (kohya keys) | peft (AI Toolkit: diffusers)
 };
 
 // datasets[i]: one folder of images (or clips) with caption sidecars.
@@ -95,11 +95,15 @@ struct DatasetConfig {
   int num_workers = 2;
   int prefetch_factor = 2;
   int cache_latents_num_workers = 2;
+  double mask_min_value = 0.0;               // loss-mask floor; used only with mask_path / alpha_mask
 };
 
+// train.ema_config (AI Toolkit's EMAConfig): what lt::optim::AdapterEMA is built with.
 struct EmaConfig {
   bool use_ema = false;
   double ema_decay = 0.999;
+  bool use_feedback = false;      // after each update, pull the live weights toward the average
+  double param_multiplier = 1.0;  // after each update, scale the live weights by this
 };
 
 // train: the optimisation.
@@ -127,13 +131,17 @@ struct TrainConfig {
   bool disable_sampling = false;
   bool skip_first_sample = false;
   bool force_first_sample = false;
-  bool unload_text_encoder = false;
+  bool unload_text_encoder = false;         // encode "" and the trigger word once; captions are not used
   bool cache_text_embeddings = false;
+  bool bypass_guidance_embedding = false;   // Flux: train with the guidance embedder bypassed
   std::optional<int> start_step;
   EmaConfig ema_config;
   std::string loss_type = "mse";
   std::optional<double> min_snr_gamma;
   double noise_offset = 0.0;
+  // Used only with diff_output_preservation (not supported yet); kept so the UI's values load.
+  double diff_output_preservation_multiplier = 1.0;
+  std::string diff_output_preservation_class;
 };
 
 // model: the frozen base.
@@ -149,6 +157,9 @@ struct ModelConfig {
   bool low_vram = false;
   std::optional<std::string> vae_path;
   std::optional<std::string> tokenizer_path; // ours: CLIP vocabulary for single-file checkpoints
+  // Flux only: an adapter merged into the base for training and taken out for previews, never
+  // saved (a file, a folder holding pytorch_lora_weights.safetensors, or a Hugging Face repo id).
+  std::optional<std::string> assistant_lora_path;
   // Set from the legacy is_v2/is_xl/is_flux/... flags; used only when `arch` is absent.
   std::optional<std::string> arch_from_flags;
 };
@@ -235,13 +246,17 @@ struct JobConfig {
   // ("train.batch_size", "datasets.0.folder_path", "model" for a section), for later errors.
   std::filesystem::path source_file;
   std::map<std::string, SourceLocation> origins;
+  // Filled by validate(): the keys present in the file or the overrides that change nothing here
+  // (AI Toolkit UI/bookkeeping keys and no-effect keys), as dotted paths in file order.
+  std::vector<std::string> ignored_keys;
 };
 
 // ---- API ------------------------------------------------------------------------------------------
 
 // Reads, substitutes ([name], ${ENV}), applies `overrides` ("train.batch_size=2", each validated as
-// if it were in the file) and validates. Throws lt::ConfigError. Does not touch the filesystem
-// beyond reading `path`: call validate_paths() before training.
+// if it were in the file) and validates. An override replaces the file's value before that value is
+// checked, so it can fix a value the file gets wrong. Throws lt::ConfigError. Does not touch the
+// filesystem beyond reading `path`: call validate_paths() before training.
 JobConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
 
 // The same from text; `display_name` is the file name used in error messages.
@@ -261,7 +276,9 @@ void apply_override(JobConfig& job, const std::string& assignment);
 void validate(JobConfig& job);
 
 // Checks what a run reads from disk: each dataset folder exists and holds images (or videos when
-// num_frames > 1); model.tokenizer_path / vae_path exist when set. Errors point at the key's line.
+// num_frames > 1); model.name_or_path, vae_path and assistant_lora_path exist locally or, given as
+// a Hugging Face repo id, in the local Hugging Face cache (model_path.h); tokenizer_path exists.
+// Errors point at the key's line.
 void validate_paths(const JobConfig& job);
 
 // The config with every default filled in, as AI Toolkit-compatible YAML; parses back to the
@@ -270,6 +287,10 @@ std::string dump_effective_yaml(const JobConfig& job);
 
 // Writes dump_effective_yaml(job) atomically.
 void write_effective_yaml(const JobConfig& job, const std::filesystem::path& path);
+
+// One info line naming job.ignored_keys ("" when there are none), for the run log:
+// "accepted for AI Toolkit compatibility, no effect in lora-train: sqlite_db_path, meta".
+std::string ignored_keys_summary(const JobConfig& job);
 
 // The one process (lora-train runs one process per config).
 ProcessConfig& the_process(JobConfig& job);

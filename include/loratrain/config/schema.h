@@ -10,6 +10,7 @@ enum class Support {
   kSupported,  // read and honoured
   kNoEffect,   // accepted for AI Toolkit compatibility; documented why it changes nothing here
   kNotYet,     // an AI Toolkit key lora-train does not support yet: accepted only at its default
+  kIgnored,    // serves only AI Toolkit's UI or bookkeeping: accepted with any value, changes nothing
 };
 
 struct KeyInfo {
@@ -34,6 +35,9 @@ const KeyInfo* find_key(const std::string& dotted_path);
 
 // true when the key (dotted, list indices accepted) is marked as a memory lever.
 bool is_memory_lever(const std::string& dotted_path);
+
+// true for keys that change nothing in lora-train (Support::kNoEffect or kIgnored).
+bool changes_nothing(const KeyInfo& key);
 
 // The full text of docs/config.md.
 std::string render_config_reference();

@@ -170,6 +170,8 @@ class LoRANetworkImpl : public torch::nn::Module {
   const std::vector<ComponentSpec>& components() const { return components_; }
   std::vector<at::Tensor> trainable_parameters() const { return parameters(); }
   size_t count(bool unet) const;  // modules of UNet / text-encoder components
+  // modules()[i] adapts the denoiser (UNet / transformer), not a text encoder.
+  bool is_denoiser_module(size_t i) const { return module_is_unet_.at(i); }
 
   // Save and load (lora/format.cpp). Kohya: `<lora_name>.lora_down.weight`, `.lora_up.weight`,
   // `.alpha` for every module, plus ss_* metadata. PEFT/diffusers: `<peft_name>.lora_A.weight` /

@@ -7,22 +7,19 @@
 
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/oom.h"
-#include "loratrain/memory/phase.h"
-#include "loratrain/memory/settings.h"
+#include "loratrain/playbook/settings.h"
+#include "loratrain/playbook/vocabulary.h"
 
 namespace lt::memory {
 
-enum class Classification {
-  load,           // A: loading, caching, baseline sample: before training starts
-  early_steps,    // B: steps 1-10 (and later steps not explained by the largest bucket)
-  sometimes,      // D: a later step, on the largest bucket
-  sampling,       // C: periodic previews
-  video_spike,    // a video model's training step: frames are the lever
-  environment,    // E: conservative settings failing before training, with memory held elsewhere
-  fragmentation,  // the request would fit: free or cached-but-unallocated memory is large
-};
-const char* to_string(Classification c);
-std::ostream& operator<<(std::ostream& os, Classification c);
+// The playbook's vocabulary, spoken here unqualified.
+using playbook::Classification;
+using playbook::MemorySettings;
+using playbook::Phase;
+using playbook::PhaseContext;
+using playbook::Quantize;
+using playbook::increased_frames;
+using playbook::reduced_frames;
 
 // Thresholds, named once (docs/oom-guard.md explains each).
 inline constexpr int64_t kEarlyStepLimit = 10;           // steps 1..10 are "early"

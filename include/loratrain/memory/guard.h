@@ -1,18 +1,13 @@
-// The OOM guard (issue 6, OOM_PLAYBOOK.md): phases entered through scopes, and on an allocation
-// failure one documented change at a time, retrying the same step. The trainer loop reads:
+// The OOM guard (OOM_PLAYBOOK.md): phases entered through scopes, and on an allocation failure
+// one documented change at a time, retrying the same step. The trainer loop reads:
 //
-//   while (true) {
-//     try {
-//       auto scope = guard.enter(Phase::train_step, {step, w, h, frames, batch});
-//       body();
-//       break;
-//     } catch (...) {
-//       auto d = guard.recover(std::current_exception());
-//       if (d.rethrow()) throw;                       // not a memory failure
-//       if (d.give_up()) return save_and_exit(d);     // exit 3 / 4, fixed.yaml from d.settings
-//       apply(d.settings);                            // one change; same batch, same RNG state
-//     }
+//   while (auto next = guard.attempt(Phase::train_step, {step, w, h, frames, batch}, body)) {
+//     apply(*next);    // one change, done by the caller in plain sight; then the same step again
 //   }
+//
+// attempt() runs body once inside the phase: nothing on success; the settings to retry with
+// after a recoverable OOM; OomGiveUp (exit 3 / 4, fixed.yaml from its settings) when nothing is
+// left; any other error propagates.
 #pragma once
 #include <chrono>
 #include <exception>
@@ -27,9 +22,7 @@
 #include "loratrain/memory/classify.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/ladder.h"
-#include "loratrain/memory/phase.h"
 #include "loratrain/memory/report.h"
-#include "loratrain/memory/settings.h"
 #include "loratrain/util/error.h"
 
 namespace lt::memory {
@@ -134,25 +127,26 @@ class OomGuard {
   // options.scale_up, returns a heavier setting to apply from the next step on.
   std::optional<Action> step_completed(int64_t step);
 
-  // Runs `body` in `phase` until it succeeds: on OOM calls apply(settings) and retries; a
-  // non-memory error propagates; giving up throws OomGiveUp.
-  template <class Body, class Apply>
-  void run(Phase phase, const PhaseContext& where, Body&& body, Apply&& apply) {
-    for (;;) {
-      try {
-        auto scope = enter(phase, where);
-        body();
-        return;
-      } catch (...) {
-        Decision d = recover(std::current_exception());
-        if (d.rethrow()) throw;
-        if (d.give_up()) throw OomGiveUp(std::move(d));
-        apply(d.settings);
-      }
+  // Runs `body` once in `phase`. Success: nullopt. A recoverable OOM: the settings to apply
+  // before running it again. Giving up throws OomGiveUp; a non-memory error propagates.
+  template <class Body>
+  std::optional<MemorySettings> attempt(Phase phase, const PhaseContext& where, Body&& body) {
+    try {
+      auto scope = enter(phase, where);
+      body();
+      return std::nullopt;
+    } catch (...) {
+      Decision d = recover(std::current_exception());
+      if (d.rethrow()) throw;
+      if (d.give_up()) throw OomGiveUp(std::move(d));
+      return d.settings;
     }
   }
 
   const MemorySettings& settings() const { return settings_; }
+  // A resumed run continues from the settings the interrupted run had reached (the configured
+  // ones stay the initial settings that scale-up returns to).
+  void adopt(const MemorySettings& settings) { settings_ = settings; }
   const MemorySettings& initial_settings() const { return history_.initial; }
   const std::vector<AttemptRecord>& attempts() const { return attempts_; }
   const std::vector<ScaleUpRecord>& scale_ups() const { return scale_ups_; }

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "loratrain/memory/classify.h"
-#include "loratrain/memory/settings.h"
 
 namespace lt::memory {
 
@@ -83,8 +82,5 @@ struct ScaleUp {
 std::optional<ScaleUp> next_scale_up(const MemorySettings& current, const MemorySettings& initial,
                                      const std::set<ScaleLever>& blocked);
 
-// Settings helpers the ladder uses, exposed for the trainer and tests.
-int reduced_frames(int frames);   // 81 -> 41 -> 21 -> 11 -> 5 on 4k+1; otherwise halved; >= 1
-int increased_frames(int frames, int cap);  // the inverse step, capped
 
 }  // namespace lt::memory

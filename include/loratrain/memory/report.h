@@ -8,9 +8,11 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "loratrain/memory/device_memory.h"
-#include "loratrain/memory/phase.h"
+#include "loratrain/playbook/vocabulary.h"
 
 namespace lt::memory {
+
+using playbook::Phase;
 
 struct MemorySnapshot {
   int64_t allocated = 0;

@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "loratrain/io/safetensors.h"
+#include "loratrain/playbook/vocabulary.h"
 
 namespace lt::models {
 
-enum class ModelFamily { kUnknown, kSD1, kSD2, kSDXL, kFlux, kWan21, kLoRA };
+using playbook::ModelFamily;
 enum class KeyFormat { kUnknown, kLDM, kDiffusers, kBFL, kWanOriginal, kKohyaLoRA, kPeftLoRA };
 
-const char* family_name(ModelFamily f);  // "sd1", "sd2", "sdxl", "flux", "wan21", "lora", "unknown"
 const char* format_name(KeyFormat f);    // "ldm-single-file", "diffusers", ...
 
 struct Component {
@@ -25,7 +25,7 @@ struct Component {
 };
 
 struct Detection {
-  ModelFamily family = ModelFamily::kUnknown;
+  ModelFamily family = ModelFamily::kUnknown;  // unknown for a LoRA file
   KeyFormat format = KeyFormat::kUnknown;
   std::vector<Component> components;
   // What decided the family, in words fit for a message ("an sd1 checkpoint (...)"): the keys
@@ -35,6 +35,7 @@ struct Detection {
   // "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2") -> the keys or folder
   // looked for. Empty when complete (and for LoRA and single-component files).
   std::map<std::string, std::string> missing;
+  bool is_lora() const { return format == KeyFormat::kKohyaLoRA || format == KeyFormat::kPeftLoRA; }
 };
 
 // Throws one lt::InputError naming every missing part of `d` (except those in `optional`, e.g.

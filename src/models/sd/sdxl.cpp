@@ -53,13 +53,13 @@ SDXLCheckpoint SDXLCheckpoint::open(const fs::path& path, bool separate_vae) {
     c.detection_ = detect_checkpoint(*c.file_);
   }
   const Detection& d = c.detection_;
-  if (d.family == ModelFamily::kLoRA) {
+  if (d.is_lora()) {
     throw InputError(path.string() + ": this is a LoRA file, not a base model (model.name_or_path must be the base checkpoint)");
   }
   if (d.family != ModelFamily::kSDXL) {
     throw InputError(path.string() + ": not an SDXL checkpoint: " +
                      (d.family == ModelFamily::kUnknown ? std::string("no known model layout")
-                                                        : std::string("an ") + family_name(d.family) + " checkpoint") +
+                                                        : std::string("an ") + playbook::to_string(d.family) + " checkpoint") +
                      " (" + d.evidence + ")");
   }
   if (c.file_ && d.format != KeyFormat::kLDM) {

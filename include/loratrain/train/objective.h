@@ -1,0 +1,43 @@
+// The training objective: how a training example is made from clean latents (noise, timestep,
+// noisy input, regression target, per-sample weights) and the loss of one micro-batch. The
+// trainer's step and the learning test both call training_loss().
+#pragma once
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "loratrain/train/diffusion_model.h"
+
+namespace lt::train {
+
+struct ObjectiveOptions {
+  double noise_offset = 0.0;             // train.noise_offset
+  std::optional<double> min_snr_gamma;   // train.min_snr_gamma
+};
+
+struct TrainingExample {
+  at::Tensor noisy;      // the denoiser's input, like the latents
+  at::Tensor timesteps;  // [B]
+  at::Tensor target;     // what the denoiser should predict, like the latents
+  at::Tensor weights;    // [B] per-sample loss weights, undefined = equal
+};
+
+class TrainingObjective {
+ public:
+  TrainingObjective(const ModelTraits& traits, const ObjectiveOptions& options);
+  // Draws noise (then offset, then timesteps: kohya's order) from `rng`.
+  TrainingExample make_example(const at::Tensor& latents, at::Generator& rng) const;
+
+ private:
+  ModelTraits traits_;
+  ObjectiveOptions options_;
+  sample::NoiseSchedule schedule_;
+};
+
+// One micro-batch: an example from `latents` [B, C, h, w] (on the device), the denoiser's
+// prediction, the weighted MSE (float32 scalar).
+at::Tensor training_loss(DiffusionModel& model, const TrainingObjective& objective, const at::Tensor& latents,
+                         const Conditioning& conditioning, at::Generator& rng);
+
+}  // namespace lt::train

@@ -1,0 +1,228 @@
+// Stable Diffusion 1.x / 2.x: UNet2DConditionModel, AutoencoderKL (4 latent channels, factor 8),
+// one CLIP text encoder whose final hidden states condition the UNet; DDPM noise with epsilon
+// (SD1, SD2-base) or v-prediction (SD2 768-v, `model.is_v_pred`). Loaded from a single-file
+// checkpoint (LDM keys, as downloaded from model sites) or a diffusers folder (unet/, vae/,
+// text_encoder/, tokenizer/).
+#include <torch/torch.h>
+
+#include "families.h"
+#include "loratrain/lora/network.h"
+#include "loratrain/models/key_maps.h"
+#include "loratrain/models/layers.h"
+#include "loratrain/models/sd/load.h"
+#include "loratrain/models/sd/unet.h"
+#include "loratrain/models/sd/vae.h"
+#include "loratrain/models/state_dict.h"
+#include "loratrain/models/text/clip.h"
+#include "loratrain/models/text/clip_tokenizer.h"
+#include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
+
+namespace lt::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class SDModel final : public DiffusionModel {
+ public:
+  SDModel(ModelLoadOptions options, const models::Detection& detection);
+
+  const ModelTraits& traits() const override { return traits_; }
+  const std::string& model_id() const override { return model_id_; }
+  TextEmbedding encode_text(const std::vector<std::string>& captions) override;
+  at::Tensor encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) override;
+  at::Tensor decode_latents(const at::Tensor& latents) override;
+  at::Tensor predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) override;
+  std::vector<LoRATarget> lora_targets() override;
+  std::map<std::string, std::string> lora_metadata() const override;
+  void set_gradient_checkpointing(bool enabled) override { unet_->set_gradient_checkpointing(enabled); }
+  void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
+  int64_t quantize_base(bool text_encoders) override;
+  void release(Encoder which) override;
+
+ private:
+  models::sd::AutoencoderKL load_vae() const;
+  models::CLIPTextModel load_text_encoder() const;
+
+  ModelLoadOptions options_;
+  ModelTraits traits_;
+  bool single_file_ = false;
+  std::string model_id_;
+  std::shared_ptr<io::SafetensorsFile> single_file_handle_;
+  models::sd::UNet2DConditionModel unet_{nullptr};
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return load_vae(); }, options_.device};
+  family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return load_text_encoder(); }, options_.device};
+  std::unique_ptr<models::CLIPTokenizer> tokenizer_;
+  const lora::ComponentSpec unet_spec_ = lora::ComponentSpec::sd_unet();
+  const lora::ComponentSpec text_spec_ = lora::ComponentSpec::text_encoder(0);
+};
+
+SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) : options_(std::move(options)) {
+  const fs::path& path = options_.name_or_path;
+  single_file_ = !fs::is_directory(path);
+  if (single_file_) {
+    if (detection.format != models::KeyFormat::kLDM) {
+      throw InputError(path.string() + ": holds only one component (" + detection.evidence +
+                       "); give a full single-file checkpoint or a diffusers folder");
+    }
+    single_file_handle_ = io::SafetensorsFile::open(path);
+  }
+  traits_.family = detection.family;
+  traits_.prediction = options_.v_prediction ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
+  // SD1.x and SD2.x share SD1.5's scheduler config; v-prediction models (SD2.x 768) their own.
+  traits_.scheduler_config = options_.v_prediction ? "sd2_v" : "sd15";
+  // The UNet halves the latent three times: buckets are multiples of 8 (VAE) x 2.
+  traits_.bucket_divisibility = 16;
+  model_id_ = std::string(playbook::to_string(traits_.family)) + "|" +
+              family::file_identity(single_file_ ? path : path / "unet") + "|" + c10::toString(options_.dtype);
+
+  if (single_file_) {
+    auto config = models::sd::UNetConfig::detect_from_weights(*single_file_handle_, "model.diffusion_model.");
+    unet_ = models::sd::UNet2DConditionModel(config);
+    models::sd::load_unet(*unet_, *single_file_handle_);
+  } else {
+    auto config = models::sd::UNetConfig::from_json(family::read_json(path / "unet" / "config.json"));
+    unet_ = models::sd::UNet2DConditionModel(config);
+    auto weights = io::SafetensorsFile::open(family::component_weights(path / "unet"));
+    models::sd::load_unet(*unet_, *weights);
+  }
+  family::place(*unet_, options_.dtype, options_.device);
+  traits_.latent_channels = unet_->config.in_channels;
+
+  if (options_.tokenizer_path) {
+    tokenizer_ = std::make_unique<models::CLIPTokenizer>(models::load_clip_tokenizer(*options_.tokenizer_path));
+  } else if (!single_file_ && fs::exists(path / "tokenizer")) {
+    tokenizer_ = std::make_unique<models::CLIPTokenizer>(models::load_clip_tokenizer(path / "tokenizer"));
+  } else if (single_file_ && fs::exists(path.parent_path() / "tokenizer")) {
+    tokenizer_ = std::make_unique<models::CLIPTokenizer>(models::load_clip_tokenizer(path.parent_path() / "tokenizer"));
+  } else {
+    throw InputError(path.string() + ": a single-file checkpoint carries no tokenizer vocabulary: set "
+                     "model.tokenizer_path to a diffusers tokenizer/ folder (vocab.json + merges.txt) or to "
+                     "OpenAI's bpe_simple_vocab_16e6.txt.gz");
+  }
+  // A trained text encoder is needed at once (its adapters attach at load).
+  if (!options_.defer_encoders || options_.train_text_encoder) text_encoder_.get();
+  if (!options_.defer_encoders) vae_.get();
+  traits_.latent_downscale = 8;
+}
+
+models::CLIPTextModel SDModel::load_text_encoder() const {
+  const fs::path& path = options_.name_or_path;
+  models::CLIPTextModel text_encoder(nullptr);
+  if (single_file_) {
+    const std::string prefix = "cond_stage_model.transformer.";
+    const models::KeyMap key_map = models::clip_ldm_key_map();
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& t : single_file_handle_->tensors()) {
+      if (!starts_with(t.name, prefix)) continue;
+      const std::string key = key_map.to_diffusers(t.name);
+      if (!key.empty()) shapes[key] = t.shape;
+    }
+    if (shapes.empty()) {
+      throw InputError(path.string() + ": no text encoder weights under " + prefix +
+                       " (SD2's OpenCLIP single files are not supported yet: use a diffusers folder)");
+    }
+    auto config = models::CLIPTextConfig::detect_from_weights(shapes);
+    text_encoder = models::CLIPTextModel(config);
+    auto load = models::clip_text_load_options();
+    load.prefix = prefix;
+    load.rename = [&key_map, &prefix](const std::string& key) { return key_map.to_diffusers(prefix + key); };
+    models::load_state_dict(*text_encoder, *single_file_handle_, load);
+  } else {
+    auto config = models::CLIPTextConfig::from_file(path / "text_encoder" / "config.json");
+    text_encoder = models::CLIPTextModel(config);
+    auto weights = io::SafetensorsFile::open(family::component_weights(path / "text_encoder"));
+    models::load_state_dict(*text_encoder, *weights, models::clip_text_load_options());
+  }
+  family::place(*text_encoder, options_.dtype, options_.device);
+  return text_encoder;
+}
+
+models::sd::AutoencoderKL SDModel::load_vae() const {
+  const fs::path& path = options_.name_or_path;
+  models::sd::AutoencoderKL vae(nullptr);
+  if (options_.vae_path) {
+    auto file = io::SafetensorsFile::open(*options_.vae_path);
+    const std::string prefix = file->contains("first_stage_model.encoder.conv_in.weight") ? "first_stage_model." : "";
+    vae = models::sd::AutoencoderKL(models::sd::VAEConfig::detect_from_weights(*file, prefix));
+    models::sd::load_vae(*vae, *file);
+  } else if (single_file_) {
+    auto config = models::sd::VAEConfig::detect_from_weights(*single_file_handle_, "first_stage_model.");
+    vae = models::sd::AutoencoderKL(config);
+    models::sd::load_vae(*vae, *single_file_handle_);
+  } else {
+    auto config = models::sd::VAEConfig::from_json(family::read_json(path / "vae" / "config.json"));
+    vae = models::sd::AutoencoderKL(config);
+    auto weights = io::SafetensorsFile::open(family::component_weights(path / "vae"));
+    models::sd::load_vae(*vae, *weights);
+  }
+  // The VAE runs in fp32 whatever the training dtype: SD's VAE overflows in fp16 (AI Toolkit and
+  // kohya keep it in fp32 unless told otherwise), and it never trains.
+  family::place(*vae, at::kFloat, options_.device);
+  return vae;
+}
+
+void SDModel::release(Encoder which) {
+  if (which == Encoder::vae) vae_.release();
+  // A trained text encoder carries adapters: it stays.
+  if (which == Encoder::text && !options_.train_text_encoder) text_encoder_.release();
+}
+
+TextEmbedding SDModel::encode_text(const std::vector<std::string>& captions) {
+  std::vector<int64_t> ids;
+  const auto encodings = tokenizer_->encode_batch(captions);
+  for (const auto& e : encodings) ids.insert(ids.end(), e.input_ids.begin(), e.input_ids.end());
+  const auto length = static_cast<int64_t>(encodings.empty() ? 0 : encodings[0].input_ids.size());
+  auto input_ids = torch::tensor(ids, torch::kLong).view({static_cast<int64_t>(captions.size()), length});
+  // [B, 77, D]: the final layer's normalised output conditions the UNet.
+  return {{"hidden_states", text_encoder_.get()->forward(input_ids.to(options_.device)).last_hidden_state}};
+}
+
+at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
+  auto& vae_module = vae_.get();
+  torch::NoGradGuard no_grad;
+  auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
+  at::Tensor z = generator ? dist.sample(generator) : dist.mode();
+  return vae_module->scale_latents(z);
+}
+
+at::Tensor SDModel::decode_latents(const at::Tensor& latents) {
+  auto& vae_module = vae_.get();
+  torch::NoGradGuard no_grad;
+  return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
+}
+
+at::Tensor SDModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
+  const at::Tensor& context = family::text_tensor(c.text, "hidden_states");  // [B, 77, D]
+  return unet_->forward(noisy.to(options_.dtype), timesteps.to(options_.device), context.to(options_.dtype));
+}
+
+std::vector<LoRATarget> SDModel::lora_targets() {
+  std::vector<LoRATarget> targets = {{&unet_spec_, unet_.ptr().get()}};
+  if (options_.train_text_encoder) targets.push_back({&text_spec_, text_encoder_.get().ptr().get()});
+  return targets;
+}
+
+std::map<std::string, std::string> SDModel::lora_metadata() const {
+  const bool v2 = traits_.family == ModelFamily::kSD2;
+  return {{"ss_base_model_version", v2 ? "sd_v2" : "sd_v1"},
+          {"ss_v2", v2 ? "True" : "False"},
+          {"ss_v_parameterization", options_.v_prediction ? "True" : "False"}};
+}
+
+// The low-VRAM path's frozen weights: every Linear of the UNet (and of the text encoder when
+// asked) in int8 with per-channel scales.
+int64_t SDModel::quantize_base(bool text_encoders) {
+  int64_t released = models::quantize_linear_layers(*unet_);
+  if (text_encoders) released += models::quantize_linear_layers(*text_encoder_.get());
+  return released;
+}
+
+}  // namespace
+
+std::unique_ptr<DiffusionModel> load_sd_model(const ModelLoadOptions& options, const models::Detection& detection) {
+  return std::make_unique<SDModel>(options, detection);
+}
+
+}  // namespace lt::train
