@@ -131,7 +131,7 @@ std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFil
       name = m.stem;
     } else {
       for (const auto& c : components) {
-        if (starts_with(m.stem, c.peft_prefix + ".")) name = kohya_name(c.kohya_prefix, m.stem.substr(c.peft_prefix.size() + 1));
+        if (starts_with(m.stem, c.peft_prefix + ".")) name = c.kohya_name_of(m.stem.substr(c.peft_prefix.size() + 1));
       }
       if (name.empty()) continue;
     }
@@ -292,6 +292,34 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
     ++report.loaded;
   }
   return report;
+}
+
+std::map<std::string, std::string> kohya_base_model_metadata(const std::string& family, bool v_prediction) {
+  std::map<std::string, std::string> m;
+  m["modelspec.sai_model_spec"] = "1.0.1";
+  if (family == "sd1") {
+    m["ss_v2"] = "False";
+    m["ss_base_model_version"] = "sd_v1";
+    m["modelspec.architecture"] = "stable-diffusion-v1/lora";
+    m["modelspec.implementation"] = "diffusers";
+    m["modelspec.resolution"] = "512x512";
+  } else if (family == "sd2") {
+    m["ss_v2"] = "True";
+    m["ss_base_model_version"] = v_prediction ? "sd_v2_v" : "sd_v2";
+    m["modelspec.architecture"] = std::string(v_prediction ? "stable-diffusion-v2-768-v" : "stable-diffusion-v2-512") + "/lora";
+    m["modelspec.implementation"] = "diffusers";
+    m["modelspec.resolution"] = v_prediction ? "768x768" : "512x512";
+  } else if (family == "sdxl") {
+    m["ss_v2"] = "False";
+    m["ss_base_model_version"] = "sdxl_base_v1-0";
+    m["modelspec.architecture"] = "stable-diffusion-xl-v1-base/lora";
+    m["modelspec.implementation"] = "https://github.com/Stability-AI/generative-models";
+    m["modelspec.resolution"] = "1024x1024";
+  } else {
+    throw InputError("no kohya base-model metadata for the '" + family + "' family");
+  }
+  m["modelspec.prediction_type"] = v_prediction ? "v" : "epsilon";
+  return m;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "loratrain/lora/format.h"
+#include "loratrain/models/key_maps.h"
 #include "loratrain/util/error.h"
 
 namespace lt::lora {
@@ -24,6 +25,24 @@ ComponentSpec ComponentSpec::sd_unet() {
   s.target_classes = {"Transformer2DModel"};
   s.conv_target_classes = {"ResnetBlock2D", "Downsample2D", "Upsample2D"};
   return s;
+}
+
+ComponentSpec ComponentSpec::sdxl_unet(const lt::models::sd::UNetConfig& config) {
+  ComponentSpec s = sd_unet();
+  // One map for weights and adapter names: a module path plus "." is a key prefix of the map.
+  auto map = std::make_shared<const lt::models::KeyMap>(lt::models::unet_ldm_key_map(config));
+  s.kohya_path = [map](const std::string& path) {
+    // Every UNet module has a row; a path that has none (a foreign PEFT file's) keeps its name.
+    const std::string ldm = map->to_ldm(path + ".");
+    const std::string& root = map->ldm_root();
+    if (ldm.size() <= root.size() + 1) return path;
+    return ldm.substr(root.size(), ldm.size() - root.size() - 1);
+  };
+  return s;
+}
+
+std::string ComponentSpec::kohya_name_of(const std::string& module_path) const {
+  return kohya_name(kohya_prefix, kohya_path ? kohya_path(module_path) : module_path);
 }
 
 ComponentSpec ComponentSpec::text_encoder(int index) {
@@ -185,7 +204,7 @@ size_t LoRANetworkImpl::add_component(const ComponentSpec& spec, torch::nn::Modu
       const void* key = linear ? linear->weight.unsafeGetTensorImpl() : conv->weight.unsafeGetTensorImpl();
       if (seen.count(key)) continue;
       const std::string path = join_path(spec.path_prefix, join_path(target_path, item.key()));
-      const std::string kname = kohya_name(spec.kohya_prefix, path);
+      const std::string kname = spec.kohya_name_of(path);
       const std::string pname = peft_name(spec.peft_prefix, path);
       const std::vector<std::string> names = {path, spec.kohya_prefix + "." + path, kname};
       if (contains_any(config_.ignore_if_contains, names)) continue;

@@ -158,11 +158,41 @@ bool is_vae_attention_weight(const std::string& key) {
   return false;
 }
 
-KeyMap clip_ldm_key_map() {
-  return KeyMap("cond_stage_model.transformer.", {
-      {"cond_stage_model.transformer.text_model.", "text_model."},
-      {"cond_stage_model.transformer.", "text_model.", /*reversible=*/false},  // transformers < 4.x layout
+KeyMap clip_ldm_key_map(const std::string& root) {
+  return KeyMap(root, {
+      {root + "text_model.", "text_model."},
+      {root, "text_model.", /*reversible=*/false},  // transformers < 4.x layout
   });
+}
+
+KeyMap open_clip_key_map(const std::string& root, int64_t layers) {
+  std::vector<KeyRule> rules = {
+      {root + "token_embedding.", "text_model.embeddings.token_embedding."},
+      {root + "positional_embedding", "text_model.embeddings.position_embedding.weight"},
+      {root + "ln_final.", "text_model.final_layer_norm."},
+      {root + "text_projection", "text_projection.weight"},
+  };
+  static const std::pair<const char*, const char*> kBlock[] = {
+      {"ln_1.", "layer_norm1."},      {"ln_2.", "layer_norm2."},         {"mlp.c_fc.", "mlp.fc1."},
+      {"mlp.c_proj.", "mlp.fc2."},    {"attn.out_proj.", "self_attn.out_proj."},
+      {"attn.in_proj_", "self_attn.in_proj_"},
+  };
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string ldm = root + "transformer.resblocks." + num(static_cast<size_t>(i)) + ".";
+    const std::string d = "text_model.encoder.layers." + num(static_cast<size_t>(i)) + ".";
+    for (const auto& [from, to] : kBlock) rules.push_back({ldm + from, d + to});
+  }
+  return KeyMap(root, std::move(rules));
+}
+
+std::vector<std::string> fused_qkv_parts(const std::string& key) {
+  static const std::string kFused = "self_attn.in_proj_";
+  const size_t at = key.rfind(kFused);
+  if (at == std::string::npos) return {};
+  const std::string kind = key.substr(at + kFused.size());  // "weight" or "bias"
+  if (kind != "weight" && kind != "bias") return {};
+  const std::string stem = key.substr(0, at) + "self_attn.";
+  return {stem + "q_proj." + kind, stem + "k_proj." + kind, stem + "v_proj." + kind};
 }
 
 }  // namespace lt::models

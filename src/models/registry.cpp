@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
+#include <tuple>
 
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
@@ -37,8 +39,8 @@ bool any_prefix(const io::SafetensorsFile& file, const std::string& prefix) {
 std::vector<Component> split_components(const io::SafetensorsFile& file,
                                         const std::vector<std::pair<std::string, std::string>>& rows) {
   std::vector<Component> out;
-  for (const auto& [name, prefix] : rows) out.push_back(Component{name, prefix});
-  Component other{"other", ""};
+  for (const auto& [name, prefix] : rows) out.push_back(Component{name, prefix, 0, 0, {}});
+  Component other{"other", "", 0, 0, {}};
   for (const auto& t : file.tensors()) {
     Component* target = &other;
     for (auto& c : out) {
@@ -57,12 +59,93 @@ std::vector<Component> split_components(const io::SafetensorsFile& file,
   return present;
 }
 
-// Cross-attention context width of an SD UNet: 768 = SD1 (CLIP ViT-L), 1024 = SD2 (OpenCLIP ViT-H).
+// Cross-attention context width of an SD UNet: 768 = SD1 (CLIP ViT-L), 1024 = SD2 (OpenCLIP ViT-H),
+// 2048 = SDXL (ViT-L 768 + ViT-bigG 1280).
 int64_t context_dim(const io::SafetensorsFile& file) {
   for (const auto& t : file.tensors()) {
     if (ends_with(t.name, "attn2.to_k.weight") && t.shape.size() == 2) return t.shape[1];
   }
   return 0;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// What a text-encoder root of a single file holds, for evidence ("CLIP ViT-L", "OpenCLIP 1280 wide").
+std::string text_encoder_words(const io::SafetensorsFile& file, const std::string& root) {
+  for (const char* key : {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"}) {
+    if (!file.contains(root + key)) continue;
+    const auto& shape = file.info(root + key).shape;
+    const int64_t width = shape.size() == 2 ? shape[1] : 0;
+    const bool open_clip = std::string(key) == "token_embedding.weight";
+    std::string name = width == 768 ? "ViT-L" : width == 1024 ? "ViT-H" : width == 1280 ? "ViT-bigG" : std::to_string(width) + " wide";
+    return std::string(open_clip ? "OpenCLIP " : "CLIP ") + name;
+  }
+  return {};
+}
+
+// An LDM/SGM single file: SD1/SD2 (cond_stage_model.*) or SDXL (conditioner.embedders.*, label_emb).
+void detect_ldm(const io::SafetensorsFile& file, Detection& d) {
+  d.format = KeyFormat::kLDM;
+  const std::string unet = "model.diffusion_model.";
+  const std::string label = unet + "label_emb.0.0.weight";
+  const int64_t ctx = context_dim(file);
+  const std::string width = "cross-attention width " + std::to_string(ctx);
+  const bool conditioner = any_prefix(file, "conditioner.embedders.");
+  if (file.contains(label) || conditioner) {
+    d.family = ModelFamily::kSDXL;
+    std::string e;
+    if (file.contains(label)) {
+      e = unet + "label_emb.0.0.weight " + shape_text(file.info(label).shape) + " (the size/pooled-text embedding)";
+    } else {
+      e = "no " + unet + "label_emb";
+      d.missing["unet"] = unet + "label_emb.0.0.weight (SDXL's added size/pooled-text embedding)";
+    }
+    e += ", " + width;
+    const std::string te1 = "conditioner.embedders.0.transformer.";
+    const std::string te2 = "conditioner.embedders.1.model.";
+    if (any_prefix(file, "conditioner.embedders.0.model.") && !any_prefix(file, te1)) {
+      e += ", conditioner.embedders.0 is " + text_encoder_words(file, "conditioner.embedders.0.model.") +
+           " alone (the SDXL refiner's layout)";
+    }
+    const std::vector<std::tuple<std::string, std::string, std::string>> encoders = {
+        {"text_encoder", te1, "CLIP ViT-L, transformers names"}, {"text_encoder_2", te2, "OpenCLIP ViT-bigG"}};
+    for (const auto& [component, root, what] : encoders) {
+      const std::string words = text_encoder_words(file, root);
+      if (!words.empty()) {
+        e += ", " + root.substr(0, root.size() - 1) + ": " + words;
+      } else {
+        d.missing[component] = root + "* (" + what + " text encoder)";
+      }
+    }
+    if (any_prefix(file, te2) && !file.contains(te2 + "text_projection")) {
+      d.missing["text_encoder_2"] = te2 + "text_projection (the pooled text embedding's projection)";
+    }
+    d.evidence = e;
+    d.components = split_components(file, {{"unet", unet},
+                                           {"vae", "first_stage_model."},
+                                           {"text_encoder", "conditioner.embedders.0."},
+                                           {"text_encoder_2", "conditioner.embedders.1."}});
+  } else {
+    const bool open_clip = any_prefix(file, "cond_stage_model.model.");
+    d.family = ctx == 1024 || open_clip ? ModelFamily::kSD2 : ModelFamily::kSD1;
+    std::string e = unet + "input_blocks with " + width + ", no label_emb";
+    const std::string root = open_clip ? "cond_stage_model.model." : "cond_stage_model.transformer.";
+    const std::string words = text_encoder_words(file, root);
+    if (!words.empty()) {
+      e += ", " + root.substr(0, root.size() - 1) + ": " + words;
+    } else {
+      d.missing["text_encoder"] = "cond_stage_model.transformer.* (SD1.x, CLIP ViT-L) or cond_stage_model.model.* (SD2.x, OpenCLIP ViT-H)";
+    }
+    d.evidence = e;
+    d.components = split_components(file, {{"unet", unet},
+                                           {"vae", "first_stage_model."},
+                                           {"text_encoder", "cond_stage_model."}});
+  }
+  if (!any_prefix(file, "first_stage_model.")) d.missing["vae"] = "first_stage_model.* (the autoencoder)";
 }
 
 }  // namespace
@@ -82,21 +165,7 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
     return d;
   }
   if (any_prefix(file, "model.diffusion_model.input_blocks.")) {
-    d.format = KeyFormat::kLDM;
-    if (any_prefix(file, "conditioner.embedders.") || any_prefix(file, "model.diffusion_model.label_emb.")) {
-      d.family = ModelFamily::kSDXL;
-      d.evidence = "model.diffusion_model.label_emb / conditioner.embedders";
-      d.components = split_components(file, {{"unet", "model.diffusion_model."},
-                                             {"vae", "first_stage_model."},
-                                             {"text_encoders", "conditioner.embedders."}});
-    } else {
-      int64_t ctx = context_dim(file);
-      d.family = ctx == 1024 || any_prefix(file, "cond_stage_model.model.") ? ModelFamily::kSD2 : ModelFamily::kSD1;
-      d.evidence = "model.diffusion_model.input_blocks with cross-attention width " + std::to_string(ctx);
-      d.components = split_components(file, {{"unet", "model.diffusion_model."},
-                                             {"vae", "first_stage_model."},
-                                             {"text_encoder", "cond_stage_model."}});
-    }
+    detect_ldm(file, d);
     return d;
   }
   if (any_key(file, "double_blocks.0.img_attn.qkv.weight")) {
@@ -123,10 +192,12 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
   if (any_prefix(file, "down_blocks.") && any_prefix(file, "conv_in.")) {
     d.format = KeyFormat::kDiffusers;
     if (any_key(file, "attn2.to_k.weight")) {
-      d.family = any_prefix(file, "add_embedding.") ? ModelFamily::kSDXL
-                 : context_dim(file) == 1024           ? ModelFamily::kSD2
-                                                       : ModelFamily::kSD1;
-      d.evidence = "diffusers UNet keys (down_blocks, attn2)";
+      const bool xl = file.contains("add_embedding.linear_1.weight");
+      d.family = xl ? ModelFamily::kSDXL : context_dim(file) == 1024 ? ModelFamily::kSD2 : ModelFamily::kSD1;
+      d.evidence = "diffusers UNet keys (down_blocks, attn2) with cross-attention width " + std::to_string(context_dim(file)) +
+                   (xl ? ", add_embedding.linear_1.weight " + shape_text(file.info("add_embedding.linear_1.weight").shape) +
+                             " (the size/pooled-text embedding)"
+                       : ", no add_embedding");
       d.components = split_components(file, {{"unet", ""}});
     } else {
       d.evidence = "diffusers autoencoder keys (encoder/decoder)";
@@ -152,28 +223,67 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
 }
 
 Detection detect_diffusers_folder(const std::filesystem::path& folder) {
-  if (!std::filesystem::exists(folder / "model_index.json") && !std::filesystem::exists(folder / "unet")) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(folder / "model_index.json") && !fs::exists(folder / "unet")) {
     throw InputError(folder.string() + ": not a diffusers folder (no model_index.json or unet/)");
   }
   Detection d;
   d.format = KeyFormat::kDiffusers;
-  d.evidence = "diffusers folder";
+  std::string unet_evidence;
   for (const char* component : {"unet", "transformer", "vae", "text_encoder", "text_encoder_2"}) {
     auto dir = folder / component;
-    if (!std::filesystem::is_directory(dir)) continue;
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& entry : fs::directory_iterator(dir)) {
       if (entry.path().extension() != ".safetensors") continue;
       auto file = io::SafetensorsFile::open(entry.path());
       Detection part = detect_checkpoint(*file);
-      if (std::string(component) == "unet" || std::string(component) == "transformer") d.family = part.family;
+      if (std::string(component) == "unet" || std::string(component) == "transformer") {
+        d.family = part.family;
+        unet_evidence = part.evidence;
+      }
       for (auto c : part.components) {
         c.name = component;
         d.components.push_back(std::move(c));
       }
     }
   }
-  if (d.family == ModelFamily::kUnknown && std::filesystem::exists(folder / "text_encoder_2")) d.family = ModelFamily::kSDXL;
+  // model_index.json names the pipeline; it decides only when the weights cannot.
+  std::string pipeline;
+  if (fs::exists(folder / "model_index.json")) {
+    std::ifstream in(folder / "model_index.json");
+    const auto index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (index.is_object() && index.contains("_class_name") && index["_class_name"].is_string()) {
+      pipeline = index["_class_name"].get<std::string>();
+    }
+  }
+  if (d.family == ModelFamily::kUnknown) {
+    if (pipeline.find("StableDiffusionXL") != std::string::npos || fs::exists(folder / "text_encoder_2")) {
+      d.family = ModelFamily::kSDXL;
+    }
+  }
+  d.evidence = "diffusers folder" + (pipeline.empty() ? std::string() : " (" + pipeline + ")") +
+               (unet_evidence.empty() ? std::string() : ", unet: " + unet_evidence);
+  std::vector<std::string> expected;
+  if (d.family == ModelFamily::kSD1 || d.family == ModelFamily::kSD2) {
+    expected = {"unet", "vae", "text_encoder", "tokenizer"};
+  } else if (d.family == ModelFamily::kSDXL) {
+    expected = {"unet", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"};
+    if (fs::is_directory(folder / "text_encoder_2")) d.evidence += ", text_encoder_2/";
+  }
+  for (const auto& component : expected) {
+    if (!fs::is_directory(folder / component)) d.missing[component] = component + "/";
+  }
   return d;
+}
+
+void require_complete(const Detection& d, const std::string& source, const std::vector<std::string>& optional) {
+  std::string parts;
+  for (const auto& [component, keys] : d.missing) {
+    if (std::find(optional.begin(), optional.end(), component) != optional.end()) continue;
+    parts += "\n  " + component + ": " + keys;
+  }
+  if (parts.empty()) return;
+  throw InputError(source + ": incomplete " + playbook::to_string(d.family) + " checkpoint (" + d.evidence + "); missing:" + parts);
 }
 
 }  // namespace lt::models

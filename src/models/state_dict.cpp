@@ -20,6 +20,7 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
   std::set<std::string> loaded;
   std::vector<std::string> unexpected, mismatched;
   std::map<std::string, std::string> source_of;  // module key -> file key
+  std::map<std::string, std::function<at::Tensor(const at::Tensor&)>> make_of;  // derived module keys
 
   for (const auto& info : file.tensors()) {
     if (!options.prefix.empty() && info.name.rfind(options.prefix, 0) != 0) continue;
@@ -28,18 +29,25 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
       key = options.rename(key);
       if (key.empty()) continue;
     }
-    auto it = targets.find(key);
-    if (it == targets.end()) {
-      unexpected.push_back(info.name);
-      continue;
+    std::vector<DerivedTensor> derived;
+    if (options.derive) derived = options.derive(key, info.shape);
+    if (derived.empty()) derived.push_back(DerivedTensor{key, info.shape, nullptr});
+    for (auto& d : derived) {
+      auto it = targets.find(d.module_key);
+      if (it == targets.end()) {
+        unexpected.push_back(derived.size() == 1 ? info.name : info.name + " (as " + d.module_key + ")");
+        continue;
+      }
+      if (at::IntArrayRef(d.shape) != it->second.sizes()) {
+        std::ostringstream m;
+        m << d.module_key << ": file has " << at::IntArrayRef(d.shape)
+          << (d.make ? " (derived from " + info.name + ")" : std::string()) << ", model expects " << it->second.sizes();
+        mismatched.push_back(m.str());
+        continue;
+      }
+      source_of[d.module_key] = info.name;
+      if (d.make) make_of[d.module_key] = std::move(d.make);
     }
-    if (at::IntArrayRef(info.shape) != it->second.sizes()) {
-      std::ostringstream m;
-      m << key << ": file has " << at::IntArrayRef(info.shape) << ", model expects " << it->second.sizes();
-      mismatched.push_back(m.str());
-      continue;
-    }
-    source_of[key] = info.name;
   }
   std::vector<std::string> missing;
   for (const auto& [key, tensor] : targets) {
@@ -69,6 +77,7 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
   for (const auto& [key, file_key] : source_of) {
     at::Tensor& target = targets[key];
     at::Tensor value = file.load(file_key, options.dtype.value_or(target.scalar_type()));
+    if (auto it = make_of.find(key); it != make_of.end()) value = it->second(value).contiguous();
     if (options.dtype && target.scalar_type() != *options.dtype) {
       target.set_data(value.to(target.device()));
     } else {

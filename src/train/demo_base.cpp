@@ -1,18 +1,22 @@
-// The embedded demo's base model: a tiny Stable Diffusion 1.x architecture (the real UNet, VAE and
-// CLIP text encoder classes at small widths) with seeded random weights, written as a single-file
-// checkpoint with the original LDM key names, exactly as a downloaded checkpoint is laid out, plus a
-// small BPE vocabulary of the project's own in tokenizer/. The weights are random: the demo and the
-// end-to-end tests exercise the machinery, not image quality.
+// The embedded demo's base models: tiny Stable Diffusion 1.x and XL architectures (the real UNet,
+// VAE and CLIP text encoder classes at small widths) with seeded random weights, written as a
+// single-file checkpoint with the original key names, exactly as a downloaded checkpoint is laid out,
+// or as a diffusers folder, plus a small BPE vocabulary of the project's own. The weights are random:
+// the demo and the end-to-end tests exercise the machinery, not image quality.
 #include "loratrain/train/demo_base.h"
 
 #include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
 
 #include "loratrain/io/safetensors.h"
 #include "loratrain/models/key_maps.h"
 #include "loratrain/models/sd/unet.h"
 #include "loratrain/models/sd/vae.h"
 #include "loratrain/models/text/clip.h"
+#include "loratrain/models/text/clip_checkpoint.h"
 #include "loratrain/models/text/clip_tokenizer.h"
+#include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
 
 #include <spdlog/spdlog.h>
@@ -21,29 +25,66 @@ namespace lt::train {
 
 namespace {
 
+namespace fs = std::filesystem;
+using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
 // Words of the demo captions and prompts (lt-make-demo-data's vocabulary) plus the trigger word.
 const std::vector<std::string> kWords = {
     "a", "an", "the", "on", "of", "with", "and", "background", "ltdemo", "photo", "picture",
     "red", "green", "blue", "yellow", "purple", "orange", "white", "black", "gray", "pink", "cyan",
     "circle", "square", "triangle", "ring", "cross", "stripe", "stripes", "shape", "small", "large", "big"};
 
-// Every tensor of `module` under its LDM single-file name.
-void add(std::vector<std::pair<std::string, at::Tensor>>& out, torch::nn::Module& module, const models::KeyMap& map) {
-  for (const auto& p : module.named_parameters(true)) {
-    const std::string key = map.to_ldm(p.key());
-    if (key.empty()) throw Error(ExitCode::kRuntime, "no LDM name for " + p.key());
-    out.emplace_back(key, p.value().detach().clone());
-  }
+// The demo's models, built in a fixed order from the seed (the order fixes the weights).
+struct DemoModels {
+  models::sd::UNet2DConditionModel unet{nullptr};
+  models::sd::AutoencoderKL vae{nullptr};
+  models::CLIPTextModel text_encoder{nullptr};
+  models::CLIPTextModelWithProjection text_encoder_2{nullptr};  // SDXL only
+};
+
+// VAE: four levels (downscale factor 8, as SD's) at small widths; `base` gives the family's
+// latent scale and tile size.
+nlohmann::json tiny_vae_json(const models::sd::VAEConfig& base) {
+  return {
+      {"in_channels", 3},
+      {"out_channels", 3},
+      {"latent_channels", 4},
+      {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
+      {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}},
+      {"block_out_channels", {32, 32, 64, 64}},
+      {"layers_per_block", 1},
+      {"norm_num_groups", 32},
+      {"scaling_factor", base.scaling_factor},
+      {"sample_size", base.sample_size},
+  };
 }
 
-}  // namespace
+// CLIP text encoder: 64 wide (one 64-wide head per layer, gelu, as detect_from_weights assumes for
+// widths other than OpenAI's 768), 2 layers, the demo vocabulary.
+nlohmann::json tiny_clip_json(const models::CLIPTokenizer& tokenizer) {
+  return {
+      {"vocab_size", tokenizer.vocab_size()},
+      {"hidden_size", 64},
+      {"intermediate_size", 256},
+      {"num_hidden_layers", 2},
+      {"num_attention_heads", 1},
+      {"max_position_embeddings", 77},
+      {"hidden_act", "gelu"},
+      {"bos_token_id", tokenizer.bos_token_id()},
+      {"eos_token_id", 2},
+      {"pad_token_id", 1},
+  };
+}
 
-void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed, bool full_size) {
-  torch::manual_seed(seed);
-  std::filesystem::create_directories(out_dir / "tokenizer");
-  models::write_demo_vocabulary(out_dir / "tokenizer", kWords);
-  auto tokenizer = models::load_clip_tokenizer(out_dir / "tokenizer");
+// CLIP ViT-L/14's text tower, as SD1.5 and SDXL ship it (quick_gelu, 12 heads of 64, 49408 tokens).
+nlohmann::json clip_vit_l_json(const models::CLIPTokenizer& tokenizer) {
+  return {{"vocab_size", 49408},           {"hidden_size", 768},       {"intermediate_size", 3072},
+          {"num_hidden_layers", 12},       {"num_attention_heads", 12}, {"max_position_embeddings", 77},
+          {"hidden_act", "quick_gelu"},    {"bos_token_id", tokenizer.bos_token_id()},
+          {"eos_token_id", 2},             {"pad_token_id", 1}};
+}
 
+DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size) {
   // UNet: SD1's block structure at 64/128 channels; heads = channels / 64 (the convention that
   // UNetConfig::detect_from_weights reads back for non-768 context widths).
   nlohmann::json unet_json = {
@@ -58,58 +99,197 @@ void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed, bool f
       {"cross_attention_dim", 64},
       {"norm_num_groups", 32},
   };
+  DemoModels m;
   // Full size: the real SD1.5 shapes (diffusers defaults), for GPU smoke runs and benchmarks.
-  models::sd::UNet2DConditionModel unet(full_size ? models::sd::UNetConfig::sd15()
-                                                  : models::sd::UNetConfig::from_json(unet_json));
+  m.unet = models::sd::UNet2DConditionModel(full_size ? models::sd::UNetConfig::sd15()
+                                                      : models::sd::UNetConfig::from_json(unet_json));
+  m.vae = models::sd::AutoencoderKL(full_size ? models::sd::VAEConfig::sd()
+                                              : models::sd::VAEConfig::from_json(tiny_vae_json(models::sd::VAEConfig::sd())));
+  m.text_encoder = models::CLIPTextModel(
+      models::CLIPTextConfig::from_json(full_size ? clip_vit_l_json(tokenizer) : tiny_clip_json(tokenizer)));
+  return m;
+}
 
-  // VAE: four levels (downscale factor 8, as SD's) at small widths.
-  nlohmann::json vae_json = {
-      {"in_channels", 3},
-      {"out_channels", 3},
-      {"latent_channels", 4},
-      {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
-      {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}},
-      {"block_out_channels", {32, 32, 64, 64}},
-      {"layers_per_block", 1},
+DemoModels build_sdxl(const models::CLIPTokenizer& tokenizer, bool full_size) {
+  // The second encoder is wider than the first (96 vs 64), so a mix-up of the two cannot pass:
+  // context 64 + 96 = 160, pooled (projection) 32 -> added embedding input 32 + 6 x 256.
+  nlohmann::json te2_json = tiny_clip_json(tokenizer);
+  te2_json["hidden_size"] = 96;
+  te2_json["intermediate_size"] = 384;
+  te2_json["projection_dim"] = 32;
+  // SDXL's block structure (no attention at the first level, 2 resnets per level, deeper
+  // transformers further down) at 32/64/128 channels; heads by UNetConfig's detection convention.
+  nlohmann::json unet_json = {
+      {"sample_size", 8},
+      {"in_channels", 4},
+      {"out_channels", 4},
+      {"down_block_types", {"DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"}},
+      {"up_block_types", {"CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"}},
+      {"block_out_channels", {32, 64, 128}},
+      {"layers_per_block", 2},
+      {"transformer_layers_per_block", {1, 1, 2}},
+      {"attention_head_dim", {8, 1, 2}},
+      {"cross_attention_dim", 64 + 96},
+      {"use_linear_projection", true},
+      {"addition_embed_type", "text_time"},
+      {"addition_time_embed_dim", 256},
+      {"projection_class_embeddings_input_dim", 32 + 6 * 256},
       {"norm_num_groups", 32},
-      {"scaling_factor", 0.18215},
   };
-  models::sd::AutoencoderKL vae(full_size ? models::sd::VAEConfig::sd() : models::sd::VAEConfig::from_json(vae_json));
-
-  // CLIP text encoder: 64 wide (one 64-wide head per layer, gelu, as detect_from_weights assumes
-  // for widths other than OpenAI's 768), 2 layers, the demo vocabulary.
-  nlohmann::json clip_json = {  // (replaced below for full size)
-      {"vocab_size", tokenizer.vocab_size()},
-      {"hidden_size", 64},
-      {"intermediate_size", 256},
-      {"num_hidden_layers", 2},
-      {"num_attention_heads", 1},
-      {"max_position_embeddings", 77},
-      {"hidden_act", "gelu"},
-      {"bos_token_id", tokenizer.bos_token_id()},
-      {"eos_token_id", 2},
-      {"pad_token_id", 1},
-  };
+  DemoModels m;
+  m.unet = models::sd::UNet2DConditionModel(full_size ? models::sd::UNetConfig::sdxl()
+                                                      : models::sd::UNetConfig::from_json(unet_json));
+  m.vae = models::sd::AutoencoderKL(full_size ? models::sd::VAEConfig::sdxl()
+                                              : models::sd::VAEConfig::from_json(tiny_vae_json(models::sd::VAEConfig::sdxl())));
+  m.text_encoder = models::CLIPTextModel(
+      models::CLIPTextConfig::from_json(full_size ? clip_vit_l_json(tokenizer) : tiny_clip_json(tokenizer)));
   if (full_size) {
-    // CLIP ViT-L/14's text tower, as SD1.5 ships it (quick_gelu, 12 heads of 64, 49408 tokens).
-    clip_json = {{"vocab_size", 49408},           {"hidden_size", 768},       {"intermediate_size", 3072},
-                 {"num_hidden_layers", 12},       {"num_attention_heads", 12}, {"max_position_embeddings", 77},
-                 {"hidden_act", "quick_gelu"},    {"bos_token_id", tokenizer.bos_token_id()},
-                 {"eos_token_id", 2},             {"pad_token_id", 1}};
+    // OpenCLIP ViT-bigG/14's text tower: 32 layers, 1280 wide, 20 heads, exact gelu, 1280 projection.
+    te2_json = {{"vocab_size", 49408},       {"hidden_size", 1280},       {"intermediate_size", 5120},
+                {"num_hidden_layers", 32},   {"num_attention_heads", 20}, {"max_position_embeddings", 77},
+                {"hidden_act", "gelu"},      {"projection_dim", 1280},    {"bos_token_id", tokenizer.bos_token_id()},
+                {"eos_token_id", 2},         {"pad_token_id", 1}};
   }
-  models::CLIPTextModel text_encoder(models::CLIPTextConfig::from_json(clip_json));
+  m.text_encoder_2 = models::CLIPTextModelWithProjection(models::CLIPTextConfig::from_json(te2_json));
+  return m;
+}
 
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  const auto unet_map = models::unet_ldm_key_map(unet->config);
-  const auto vae_map = models::vae_ldm_key_map(vae->config);
-  const auto clip_map = models::clip_ldm_key_map();
-  add(tensors, *unet, unet_map);
-  add(tensors, *vae, vae_map);
-  add(tensors, *text_encoder, clip_map);
+at::Tensor stored(const at::Tensor& t, at::ScalarType dtype) { return t.detach().to(dtype).contiguous(); }
+
+// Every parameter of `module` under its name in `map`'s layout.
+void add_mapped(Tensors& out, torch::nn::Module& module, const models::KeyMap& map, at::ScalarType dtype,
+                bool conv_vae_attention = false) {
+  for (const auto& p : module.named_parameters(true)) {
+    const std::string key = map.to_ldm(p.key());
+    if (key.empty()) throw Error(ExitCode::kRuntime, "no single-file name for " + p.key());
+    at::Tensor value = stored(p.value(), dtype);
+    // SD's original VAE stores its mid attention projections as 1x1 convs.
+    if (conv_vae_attention && models::is_vae_attention_weight(p.key())) value = value.unsqueeze(-1).unsqueeze(-1);
+    out.emplace_back(key, value);
+  }
+}
+
+void write_single_file(const fs::path& out_dir, DemoModels& m, bool sdxl, const DemoBaseOptions& o) {
+  Tensors tensors;
+  add_mapped(tensors, *m.unet, models::unet_ldm_key_map(m.unet->config), o.dtype);
+  add_mapped(tensors, *m.vae, models::vae_ldm_key_map(m.vae->config), o.dtype, /*conv_vae_attention=*/sdxl);
+  if (sdxl) {
+    add_mapped(tensors, *m.text_encoder, models::clip_ldm_key_map(models::kSDXLTextEncoderRoot), o.dtype);
+    for (auto& [key, value] : models::open_clip_tensors(*m.text_encoder_2, models::kSDXLTextEncoder2Root)) {
+      tensors.emplace_back(key, stored(value, o.dtype));
+    }
+  } else {
+    add_mapped(tensors, *m.text_encoder, models::clip_ldm_key_map(), o.dtype);
+  }
+  const std::string what = sdxl ? "SDXL" : "SD1";
   io::save_safetensors(out_dir / "model.safetensors", tensors,
-                       {{"format", "pt"}, {"lora_train_demo", "tiny SD1-architecture base with seeded random weights"},
-                        {"seed", std::to_string(seed)}});
+                       {{"format", "pt"},
+                        {"lora_train_demo", "tiny " + what + "-architecture base with seeded random weights"},
+                        {"seed", std::to_string(o.seed)}});
   spdlog::info("demo base: {} tensors in {}", tensors.size(), (out_dir / "model.safetensors").string());
+}
+
+void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atomic(path, j.dump(2) + "\n"); }
+
+void write_component(const fs::path& dir, nlohmann::json config, torch::nn::Module& module, const std::string& weights,
+                     at::ScalarType dtype) {
+  fs::create_directories(dir);
+  write_json(dir / "config.json", config);
+  Tensors tensors;
+  for (const auto& p : module.named_parameters(true)) tensors.emplace_back(p.key(), stored(p.value(), dtype));
+  io::save_safetensors(dir / weights, tensors, {{"format", "pt"}});
+}
+
+nlohmann::json diffusers_config(nlohmann::json j) {
+  j["_diffusers_version"] = "0.38.0";
+  return j;
+}
+
+nlohmann::json transformers_config(nlohmann::json j, const char* architecture, at::ScalarType dtype) {
+  j["architectures"] = {architecture};
+  j["model_type"] = "clip_text_model";
+  j["torch_dtype"] = dtype == at::kHalf ? "float16" : dtype == at::kBFloat16 ? "bfloat16" : "float32";
+  return j;
+}
+
+// A diffusers tokenizer folder: the demo vocabulary and its special tokens.
+void write_tokenizer(const fs::path& dir, const std::string& pad_token) {
+  models::write_demo_vocabulary(dir, kWords);
+  const nlohmann::json special = {{"bos_token", "<|startoftext|>"},
+                                  {"eos_token", "<|endoftext|>"},
+                                  {"unk_token", "<|endoftext|>"},
+                                  {"pad_token", pad_token}};
+  write_json(dir / "special_tokens_map.json", special);
+  nlohmann::json config = special;
+  config["model_max_length"] = 77;
+  config["do_lower_case"] = true;
+  config["tokenizer_class"] = "CLIPTokenizer";
+  write_json(dir / "tokenizer_config.json", config);
+}
+
+void write_diffusers_folder(const fs::path& out_dir, DemoModels& m, bool sdxl, const DemoBaseOptions& o) {
+  const auto dtype = o.dtype;
+  write_component(out_dir / "unet", diffusers_config(m.unet->config.to_json()), *m.unet,
+                  "diffusion_pytorch_model.safetensors", dtype);
+  write_component(out_dir / "vae", diffusers_config(m.vae->config.to_json()), *m.vae,
+                  "diffusion_pytorch_model.safetensors", dtype);
+  write_component(out_dir / "text_encoder",
+                  transformers_config(m.text_encoder->config.to_json(), "CLIPTextModel", dtype), *m.text_encoder,
+                  "model.safetensors", dtype);
+  write_tokenizer(out_dir / "tokenizer", "<|endoftext|>");
+  nlohmann::json scheduler = {{"beta_start", 0.00085}, {"beta_end", 0.012},        {"beta_schedule", "scaled_linear"},
+                              {"num_train_timesteps", 1000}, {"set_alpha_to_one", false}, {"skip_prk_steps", true},
+                              {"steps_offset", 1},       {"clip_sample", false},    {"trained_betas", nullptr},
+                              {"prediction_type", "epsilon"}};
+  nlohmann::json index = {{"_class_name", sdxl ? "StableDiffusionXLPipeline" : "StableDiffusionPipeline"},
+                          {"_diffusers_version", "0.38.0"},
+                          {"unet", {"diffusers", "UNet2DConditionModel"}},
+                          {"vae", {"diffusers", "AutoencoderKL"}},
+                          {"text_encoder", {"transformers", "CLIPTextModel"}},
+                          {"tokenizer", {"transformers", "CLIPTokenizer"}}};
+  if (sdxl) {
+    write_component(out_dir / "text_encoder_2",
+                    transformers_config(m.text_encoder_2->config.to_json(), "CLIPTextModelWithProjection", dtype),
+                    *m.text_encoder_2, "model.safetensors", dtype);
+    write_tokenizer(out_dir / "tokenizer_2", "!");
+    index["text_encoder_2"] = {"transformers", "CLIPTextModelWithProjection"};
+    index["tokenizer_2"] = {"transformers", "CLIPTokenizer"};
+    index["force_zeros_for_empty_prompt"] = true;
+    index["scheduler"] = {"diffusers", "EulerDiscreteScheduler"};
+    scheduler["_class_name"] = "EulerDiscreteScheduler";
+    scheduler["interpolation_type"] = "linear";
+    scheduler["timestep_spacing"] = "leading";
+    scheduler["use_karras_sigmas"] = false;
+    scheduler["sample_max_value"] = 1.0;
+  } else {
+    index["scheduler"] = {"diffusers", "PNDMScheduler"};
+    scheduler["_class_name"] = "PNDMScheduler";
+  }
+  fs::create_directories(out_dir / "scheduler");
+  write_json(out_dir / "scheduler" / "scheduler_config.json", diffusers_config(scheduler));
+  // Written last: a folder with model_index.json is complete.
+  write_json(out_dir / "model_index.json", index);
+  spdlog::info("demo base: diffusers folder {}", out_dir.string());
+}
+
+}  // namespace
+
+void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
+  if (options.dtype != at::kFloat && options.dtype != at::kHalf && options.dtype != at::kBFloat16) {
+    throw InputError("demo base: weights dtype must be fp32, fp16 or bf16");
+  }
+  const bool sdxl = options.arch == DemoArch::kSDXL;
+  torch::manual_seed(options.seed);
+  // The vocabulary comes first: its size is the text encoders' vocab_size.
+  fs::create_directories(out_dir / "tokenizer");
+  models::write_demo_vocabulary(out_dir / "tokenizer", kWords);
+  auto tokenizer = models::load_clip_tokenizer(out_dir / "tokenizer");
+  DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size) : build_sd1(tokenizer, options.full_size);
+  if (options.diffusers) {
+    write_diffusers_folder(out_dir, models, sdxl, options);
+  } else {
+    write_single_file(out_dir, models, sdxl, options);
+  }
 }
 
 }  // namespace lt::train

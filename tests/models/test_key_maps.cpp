@@ -8,6 +8,7 @@
 
 #include "loratrain/models/key_maps.h"
 #include "loratrain/models/sd/load.h"
+#include "models/reference_unet_map.h"
 #include "test_paths.h"
 
 using namespace lt::models;
@@ -168,4 +169,100 @@ CATCH_TEST_CASE("LDM VAE with 1x1-conv attention weights loads identically to di
   lt::io::save_safetensors(path, ldm);
   AutoencoderKL c(config);
   CATCH_CHECK_THROWS_WITH(load_vae(*c, *lt::io::SafetensorsFile::open(path)), Catch::Contains("encoder.mid.attn_1.k.weight"));
+}
+
+CATCH_TEST_CASE("UNet LDM key map for the full SDXL layout (string pairs, ComfyUI's numbering)", "[keymap][sdxl]") {
+  const KeyMap map = unet_ldm_key_map(UNetConfig::sdxl());
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"model.diffusion_model.label_emb.0.0.weight", "add_embedding.linear_1.weight"},
+      {"model.diffusion_model.label_emb.0.2.bias", "add_embedding.linear_2.bias"},
+      {"model.diffusion_model.input_blocks.0.0.weight", "conv_in.weight"},
+      {"model.diffusion_model.input_blocks.2.0.in_layers.2.weight", "down_blocks.0.resnets.1.conv1.weight"},
+      {"model.diffusion_model.input_blocks.3.0.op.weight", "down_blocks.0.downsamplers.0.conv.weight"},
+      {"model.diffusion_model.input_blocks.4.1.transformer_blocks.0.attn1.to_q.weight",
+       "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.weight"},
+      {"model.diffusion_model.input_blocks.4.0.skip_connection.weight", "down_blocks.1.resnets.0.conv_shortcut.weight"},
+      {"model.diffusion_model.input_blocks.6.0.op.bias", "down_blocks.1.downsamplers.0.conv.bias"},
+      {"model.diffusion_model.input_blocks.8.1.transformer_blocks.9.ff.net.2.weight",
+       "down_blocks.2.attentions.1.transformer_blocks.9.ff.net.2.weight"},
+      {"model.diffusion_model.middle_block.1.transformer_blocks.9.attn2.to_k.weight",
+       "mid_block.attentions.0.transformer_blocks.9.attn2.to_k.weight"},
+      {"model.diffusion_model.output_blocks.2.2.conv.weight", "up_blocks.0.upsamplers.0.conv.weight"},
+      {"model.diffusion_model.output_blocks.5.1.proj_out.bias", "up_blocks.1.attentions.2.proj_out.bias"},
+      {"model.diffusion_model.output_blocks.5.2.conv.bias", "up_blocks.1.upsamplers.0.conv.bias"},
+      {"model.diffusion_model.output_blocks.8.0.out_layers.3.weight", "up_blocks.2.resnets.2.conv2.weight"},
+  };
+  for (const auto& [ldm, diffusers] : pairs) {
+    CATCH_INFO(ldm << " <-> " << diffusers);
+    CATCH_CHECK(map.to_diffusers(ldm) == diffusers);
+    CATCH_CHECK(map.to_ldm(diffusers) == ldm);
+  }
+  // Every parameter of SDXL's topology (narrow channels, same ratios and depths) against an
+  // independent statement of ComfyUI's numbering.
+  UNetConfig narrow = UNetConfig::sdxl();
+  narrow.block_out_channels = {32, 64, 128};
+  narrow.attention_head_dim = {1, 1, 2};
+  narrow.cross_attention_dim = {32, 32, 32};
+  narrow.projection_class_embeddings_input_dim = 16 + 6 * 256;
+  UNet2DConditionModel unet(narrow);
+  const auto reference = lt::test::reference_unet_to_ldm(lt::test::reference_sdxl_layout());
+  size_t n = 0;
+  for (const auto& p : unet->named_parameters()) {
+    CATCH_INFO(p.key());
+    const std::string ldm = map.to_ldm(p.key());
+    CATCH_REQUIRE(reference.count(p.key()) == 1);
+    CATCH_CHECK(ldm == "model.diffusion_model." + reference.at(p.key()));
+    CATCH_CHECK(map.to_diffusers(ldm) == p.key());
+    ++n;
+  }
+  CATCH_CHECK(n == 1680);  // diffusers' SDXL UNet state dict has 1680 tensors
+}
+
+CATCH_TEST_CASE("SDXL's first text encoder: transformers names under conditioner.embedders.0.transformer.", "[keymap][sdxl]") {
+  const KeyMap map = clip_ldm_key_map("conditioner.embedders.0.transformer.");
+  CATCH_CHECK(map.to_diffusers("conditioner.embedders.0.transformer.text_model.encoder.layers.11.mlp.fc2.bias") ==
+              "text_model.encoder.layers.11.mlp.fc2.bias");
+  CATCH_CHECK(map.to_ldm("text_model.embeddings.position_embedding.weight") ==
+              "conditioner.embedders.0.transformer.text_model.embeddings.position_embedding.weight");
+  CATCH_CHECK(map.to_diffusers("conditioner.embedders.1.model.ln_final.weight").empty());
+}
+
+CATCH_TEST_CASE("OpenCLIP text key map (SD2 and SDXL roots, string pairs both ways)", "[keymap][openclip]") {
+  const std::string root = "conditioner.embedders.1.model.";
+  const KeyMap map = open_clip_key_map(root, 32);
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {root + "token_embedding.weight", "text_model.embeddings.token_embedding.weight"},
+      {root + "positional_embedding", "text_model.embeddings.position_embedding.weight"},
+      {root + "ln_final.weight", "text_model.final_layer_norm.weight"},
+      {root + "ln_final.bias", "text_model.final_layer_norm.bias"},
+      {root + "text_projection", "text_projection.weight"},
+      {root + "transformer.resblocks.0.ln_1.weight", "text_model.encoder.layers.0.layer_norm1.weight"},
+      {root + "transformer.resblocks.3.ln_2.bias", "text_model.encoder.layers.3.layer_norm2.bias"},
+      {root + "transformer.resblocks.31.mlp.c_fc.weight", "text_model.encoder.layers.31.mlp.fc1.weight"},
+      {root + "transformer.resblocks.1.mlp.c_proj.bias", "text_model.encoder.layers.1.mlp.fc2.bias"},
+      {root + "transformer.resblocks.10.attn.out_proj.weight", "text_model.encoder.layers.10.self_attn.out_proj.weight"},
+      {root + "transformer.resblocks.10.attn.in_proj_weight", "text_model.encoder.layers.10.self_attn.in_proj_weight"},
+      {root + "transformer.resblocks.2.attn.in_proj_bias", "text_model.encoder.layers.2.self_attn.in_proj_bias"},
+  };
+  for (const auto& [ldm, diffusers] : pairs) {
+    CATCH_INFO(ldm << " <-> " << diffusers);
+    CATCH_CHECK(map.to_diffusers(ldm) == diffusers);
+    CATCH_CHECK(map.to_ldm(diffusers) == ldm);
+  }
+  // Beyond the layer count, and other components, nothing maps.
+  CATCH_CHECK(map.to_diffusers(root + "transformer.resblocks.32.ln_1.weight").empty());
+  CATCH_CHECK(map.to_diffusers(root + "logit_scale").empty());
+  CATCH_CHECK(map.to_diffusers("conditioner.embedders.0.transformer.text_model.final_layer_norm.weight").empty());
+  const KeyMap sd2 = open_clip_key_map("cond_stage_model.model.", 23);
+  CATCH_CHECK(sd2.to_diffusers("cond_stage_model.model.transformer.resblocks.22.mlp.c_fc.bias") ==
+              "text_model.encoder.layers.22.mlp.fc1.bias");
+  CATCH_CHECK(sd2.to_diffusers("cond_stage_model.model.transformer.resblocks.23.mlp.c_fc.bias").empty());
+
+  CATCH_CHECK(fused_qkv_parts("text_model.encoder.layers.4.self_attn.in_proj_weight") ==
+              std::vector<std::string>{"text_model.encoder.layers.4.self_attn.q_proj.weight",
+                                       "text_model.encoder.layers.4.self_attn.k_proj.weight",
+                                       "text_model.encoder.layers.4.self_attn.v_proj.weight"});
+  CATCH_CHECK(fused_qkv_parts("text_model.encoder.layers.4.self_attn.in_proj_bias").at(2) ==
+              "text_model.encoder.layers.4.self_attn.v_proj.bias");
+  CATCH_CHECK(fused_qkv_parts("text_model.encoder.layers.4.self_attn.q_proj.weight").empty());
 }

@@ -181,6 +181,35 @@ CATCH_TEST_CASE("CLIP tokenizer: truncation and padding as SD uses them", "[text
   CATCH_CHECK(tok.tokenize("cat!") != tok2.tokenize("cat!"));
 }
 
+CATCH_TEST_CASE("with_pad_token: SDXL's tokenizer_2 convention for single files", "[text][tokenizer][sdxl]") {
+  auto dir = small_vocab_folder("clip_tokenizer_pad2");
+  const CLIPTokenizer tok = load_clip_tokenizer(dir);
+  const CLIPTokenizer tok2 = tok.with_pad_token("!");
+  // "!" is the first byte symbol: id 0, as in the real vocabulary (kohya: pad_token_id = 0).
+  CATCH_CHECK(tok2.pad_token_id() == 0);
+  CATCH_CHECK(tok2.eos_token_id() == tok.eos_token_id());
+  CATCH_CHECK(tok2.vocab_size() == tok.vocab_size());
+  const auto e = tok2.encode_padded("a photo of a cat");
+  CATCH_CHECK(e.input_ids[6] == tok.eos_token_id());
+  CATCH_CHECK(e.input_ids[7] == 0);
+  CATCH_CHECK(e.input_ids[76] == 0);
+  CATCH_CHECK(e.attention_mask[6] == 1);
+  CATCH_CHECK(e.attention_mask[7] == 0);
+  CATCH_CHECK(tok.encode_padded("a photo of a cat").input_ids[7] == tok.eos_token_id());
+  // The same as a tokenizer_2/ folder that says so in special_tokens_map.json.
+  write(dir / "special_tokens_map.json", R"({"pad_token": "!"})");
+  const CLIPTokenizer folder = load_clip_tokenizer(dir);
+  for (const std::string text : {"a cat!", "", "photo of a dog , a cat"}) {
+    CATCH_CHECK(folder.encode_padded(text).input_ids == tok2.encode_padded(text).input_ids);
+    CATCH_CHECK(folder.encode_padded(text).attention_mask == tok2.encode_padded(text).attention_mask);
+  }
+  if (auto vocab = real_vocabulary()) {
+    const CLIPTokenizer real = CLIPTokenizer::from_openai_bpe(*vocab).with_pad_token("!");
+    CATCH_CHECK(real.pad_token_id() == 0);
+    CATCH_CHECK(real.encode_padded("a cat").input_ids[4] == 0);
+  }
+}
+
 CATCH_TEST_CASE("load_clip_tokenizer: folder forms and clear errors", "[text][tokenizer][loader]") {
   CATCH_CHECK_THROWS_AS(load_clip_tokenizer(""), lt::InputError);
   CATCH_CHECK_THROWS_AS(load_clip_tokenizer(lt::test::scratch_dir("clip_tok_missing") / "nope"), lt::InputError);

@@ -13,6 +13,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,6 +25,9 @@
 
 namespace lt::io {
 class SafetensorsFile;
+}
+namespace lt::models::sd {
+struct UNetConfig;
 }
 
 namespace lt::lora {
@@ -41,9 +45,21 @@ struct ComponentSpec {
   // ...and, when a conv rank is set (or dims come from a file), leaves inside these classes too,
   // k x k convs (k > 1) getting the conv rank.
   std::vector<std::string> conv_target_classes;
+  // Module path (as walked, diffusers naming) -> the module path kohya names it by; unset: the
+  // same path. kohya trains SDXL on its own SGM/LDM-named UNet, so its files say input_blocks.4.1
+  // where the diffusers module is down_blocks.1.attentions.0.
+  std::function<std::string(const std::string&)> kohya_path;
+
+  // kohya_name(kohya_prefix, kohya_path(module_path)).
+  std::string kohya_name_of(const std::string& module_path) const;
 
   // kohya LoRANetwork.UNET_TARGET_REPLACE_MODULE (+ _CONV2D_3X3) over diffusers' UNet names.
   static ComponentSpec sd_unet();
+  // The same targets on SDXL's UNet, kohya-named by the LDM/SGM module paths of `config`'s LDM key
+  // map (lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q, lora_unet_middle_block_1_...,
+  // lora_unet_output_blocks_..., with conv rank lora_unet_input_blocks_1_0_in_layers_2 ...), as
+  // kohya's sdxl_train_network writes them; PEFT names stay diffusers' (unet.down_blocks...).
+  static ComponentSpec sdxl_unet(const lt::models::sd::UNetConfig& config);
   // CLIPAttention/CLIPMLP of a CLIPTextModel. index 0: SD1/SD2's single text encoder (lora_te,
   // text_encoder); 1 and 2: SDXL's (lora_te1/text_encoder, lora_te2/text_encoder_2).
   static ComponentSpec text_encoder(int index = 0);

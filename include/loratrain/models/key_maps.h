@@ -49,8 +49,25 @@ KeyMap vae_ldm_key_map(const sd::VAEConfig& config);
 // True for the diffusers VAE keys whose LDM tensor may be a 1x1 conv to reshape into a Linear weight.
 bool is_vae_attention_weight(const std::string& diffusers_key);
 
-// CLIP text encoder (SD1.x): cond_stage_model.transformer.text_model.* <-> text_model.*; the older
-// spelling without `text_model.` is accepted when reading.
-KeyMap clip_ldm_key_map();
+// CLIP text encoder stored with transformers' names under `root`: SD1.x's
+// cond_stage_model.transformer.text_model.* (and SDXL's conditioner.embedders.0.transformer.) <->
+// text_model.*; the older spelling without `text_model.` is accepted when reading.
+KeyMap clip_ldm_key_map(const std::string& root = "cond_stage_model.transformer.");
+
+// OpenCLIP's text tower under `root` (SD2.x cond_stage_model.model., SDXL conditioner.embedders.1.model.)
+// <-> transformers CLIPTextModel(WithProjection) names, for `layers` resblocks:
+//   token_embedding -> text_model.embeddings.token_embedding, positional_embedding ->
+//   text_model.embeddings.position_embedding.weight, transformer.resblocks.N.{ln_1, ln_2, mlp.c_fc,
+//   mlp.c_proj, attn.out_proj} -> text_model.encoder.layers.N.{layer_norm1, layer_norm2, mlp.fc1,
+//   mlp.fc2, self_attn.out_proj}, ln_final -> text_model.final_layer_norm, text_projection ->
+//   text_projection.weight.
+// Two of these are not plain renames and are completed by the loader: attn.in_proj_weight/bias
+// (q, k, v stacked on rows) map to the fused name self_attn.in_proj_weight/bias (see
+// fused_qkv_parts), and text_projection is stored as P in x @ P, i.e. transposed.
+KeyMap open_clip_key_map(const std::string& root, int64_t layers);
+
+// For a fused OpenCLIP attention key in transformers naming (`...self_attn.in_proj_weight` / `_bias`):
+// the q_proj, k_proj, v_proj keys its three row blocks belong to, in order; empty for other keys.
+std::vector<std::string> fused_qkv_parts(const std::string& key);
 
 }  // namespace lt::models

@@ -28,9 +28,19 @@ struct Detection {
   ModelFamily family = ModelFamily::kUnknown;  // unknown for a LoRA file
   KeyFormat format = KeyFormat::kUnknown;
   std::vector<Component> components;
-  std::string evidence;  // the key(s) that decided it, for messages
+  // What decided the family, in words fit for a message ("an sd1 checkpoint (...)"): the keys
+  // and shapes that tell the families apart (label_emb, cross-attention width, text encoders).
+  std::string evidence;
+  // Parts a complete checkpoint of this family has and this one lacks: component name ("unet",
+  // "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2") -> the keys or folder
+  // looked for. Empty when complete (and for LoRA and single-component files).
+  std::map<std::string, std::string> missing;
   bool is_lora() const { return format == KeyFormat::kKohyaLoRA || format == KeyFormat::kPeftLoRA; }
 };
+
+// Throws one lt::InputError naming every missing part of `d` (except those in `optional`, e.g.
+// "vae" when a separate VAE is given) as "<source>: incomplete <family> checkpoint: ...".
+void require_complete(const Detection& d, const std::string& source, const std::vector<std::string>& optional = {});
 
 // One safetensors file (single-file checkpoint, one diffusers component file, or a LoRA file).
 Detection detect_checkpoint(const io::SafetensorsFile& file);

@@ -7,10 +7,19 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "loratrain/io/safetensors.h"
 
 namespace lt::models {
+
+// A module tensor that a file stores inside, or in another layout than, one file tensor (OpenCLIP's
+// fused q/k/v projection, its transposed text_projection).
+struct DerivedTensor {
+  std::string module_key;
+  std::vector<int64_t> shape;                          // the derived tensor's shape, checked before loading
+  std::function<at::Tensor(const at::Tensor&)> make;   // file tensor -> module tensor
+};
 
 struct LoadOptions {
   // Prefix stripped from file keys before matching (e.g. "model.diffusion_model." after mapping);
@@ -22,6 +31,9 @@ struct LoadOptions {
   std::optional<at::ScalarType> dtype;
   // Rename a file key (after the prefix is stripped) to a module key; empty result = skip it.
   std::function<std::string(const std::string&)> rename;
+  // For a key (after rename) that is not stored as is: the module tensors derived from it, given
+  // the file tensor's shape; an empty result means the key maps one to one.
+  std::function<std::vector<DerivedTensor>(const std::string& key, const std::vector<int64_t>& shape)> derive;
 };
 
 // Loads every parameter and buffer of `module` from `file`. Collects all missing, unexpected and

@@ -1,13 +1,33 @@
-// The embedded demo's tiny SD1-architecture base model with seeded random weights.
+// The embedded demo's tiny base models with seeded random weights: SD1 (the default) and SDXL.
 #pragma once
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <filesystem>
 
 namespace lt::train {
 
-// Writes OUT/model.safetensors (single file, LDM key names) and OUT/tokenizer/ (vocab.json +
-// merges.txt covering the demo captions' words and the trigger word "ltdemo"). With `full_size`
-// the modules have SD1.5's real shapes (860M-parameter UNet, SD VAE, CLIP ViT-L text encoder).
-void write_demo_base(const std::filesystem::path& out_dir, uint64_t seed = 1234, bool full_size = false);
+enum class DemoArch { kSD1, kSDXL };
+
+struct DemoBaseOptions {
+  DemoArch arch = DemoArch::kSD1;
+  uint64_t seed = 1234;
+  // The real architecture's shapes (SD1.5: 860M-parameter UNet, SD VAE, CLIP ViT-L; SDXL base:
+  // 2.6B UNet, CLIP ViT-L + OpenCLIP ViT-bigG) instead of the tiny demo sizes.
+  bool full_size = false;
+  // A diffusers folder (model_index.json, unet/, vae/, text_encoder/, tokenizer/, and for SDXL
+  // text_encoder_2/, tokenizer_2/, scheduler/) instead of a single file.
+  bool diffusers = false;
+  at::ScalarType dtype = at::kFloat;  // of the written weights (fp32, fp16 or bf16)
+};
+
+// Single file (default): OUT/model.safetensors with the original key names a downloaded
+// checkpoint has (SD1: model.diffusion_model.*, first_stage_model.*, cond_stage_model.transformer.*;
+// SDXL: model.diffusion_model.* with label_emb, conditioner.embedders.0.transformer.* CLIP,
+// conditioner.embedders.1.model.* OpenCLIP with fused in_proj and text_projection,
+// first_stage_model.*) and OUT/tokenizer/ (vocab.json + merges.txt covering the demo captions'
+// words and the trigger word "ltdemo"). With `diffusers`, the same weights as a diffusers folder.
+// Same seed and arch: the same models in both layouts.
+void write_demo_base(const std::filesystem::path& out_dir, const DemoBaseOptions& options = {});
 
 }  // namespace lt::train

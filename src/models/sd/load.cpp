@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
 #include "loratrain/models/key_maps.h"
 #include "loratrain/util/error.h"
 
@@ -112,6 +116,26 @@ size_t load_vae(AutoencoderKLImpl& vae, const io::SafetensorsFile& file, LoadOpt
     throw InputError(m);
   }
   return loaded;
+}
+
+std::filesystem::path diffusers_component_weights(const std::filesystem::path& folder) {
+  for (const char* name : {"diffusion_pytorch_model.safetensors", "model.safetensors",
+                           "diffusion_pytorch_model.fp16.safetensors", "model.fp16.safetensors"}) {
+    if (std::filesystem::exists(folder / name)) return folder / name;
+  }
+  throw InputError(folder.string() + ": no .safetensors weights (diffusion_pytorch_model.safetensors or "
+                   "model.safetensors); .bin files are not read: convert them to safetensors");
+}
+
+nlohmann::json read_component_config(const std::filesystem::path& folder) {
+  const auto path = folder / "config.json";
+  std::ifstream in(path);
+  if (!in) throw InputError(path.string() + ": cannot read (a diffusers component folder needs its config.json)");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path.string() + ": not valid JSON (" + e.what() + ")");
+  }
 }
 
 }  // namespace lt::models::sd

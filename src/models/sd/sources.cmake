@@ -1,4 +1,4 @@
-# Stable Diffusion 1.x/2.x family (UNet2DConditionModel, AutoencoderKL), their shared blocks,
+# Stable Diffusion 1.x/2.x and XL family (UNet2DConditionModel, AutoencoderKL, the SDXL bundle), their shared blocks,
 # gradient checkpointing and the LDM single-file key maps.
 list(APPEND LT_MODELS_SOURCES
   checkpointing.cpp
@@ -8,4 +8,5 @@ list(APPEND LT_MODELS_SOURCES
   sd/unet.cpp
   sd/vae.cpp
   sd/load.cpp
+  sd/sdxl.cpp
 )

@@ -176,6 +176,24 @@ UNetConfig UNetConfig::sd15() {
   return c;
 }
 
+UNetConfig UNetConfig::sdxl() {
+  UNetConfig c;
+  c.down_block_types = {"DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"};
+  c.up_block_types = {"CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"};
+  c.block_out_channels = {320, 640, 1280};
+  c.only_cross_attention = std::vector<bool>(3, false);
+  c.layers_per_block = std::vector<int64_t>(3, 2);
+  c.cross_attention_dim = std::vector<int64_t>(3, 2048);
+  c.transformer_layers_per_block = {1, 2, 10};
+  c.attention_head_dim = {5, 10, 20};
+  c.use_linear_projection = true;
+  c.addition_embed_type = "text_time";
+  c.addition_time_embed_dim = 256;
+  c.projection_class_embeddings_input_dim = 2816;
+  c.sample_size = 128;
+  return c;
+}
+
 nlohmann::json UNetConfig::to_json() const {
   nlohmann::json j;
   j["_class_name"] = "UNet2DConditionModel";

@@ -54,6 +54,13 @@ VAEConfig VAEConfig::sd() {
   return c;
 }
 
+VAEConfig VAEConfig::sdxl() {
+  VAEConfig c = sd();
+  c.scaling_factor = 0.13025;
+  c.sample_size = 1024;
+  return c;
+}
+
 VAEConfig VAEConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) config_error("expected a JSON object");
   if (auto it = j.find("_class_name"); it != j.end() && it->is_string() && *it != "AutoencoderKL") {

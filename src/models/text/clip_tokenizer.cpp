@@ -322,6 +322,12 @@ CLIPTokenizer::CLIPTokenizer(std::unordered_map<std::string, int64_t> vocab, con
   cache_->words["<|endoftext|>"] = {"<|endoftext|>"};
 }
 
+CLIPTokenizer CLIPTokenizer::with_pad_token(const std::string& pad_token) const {
+  CLIPTokenizerOptions options = options_;
+  options.pad_token = pad_token;
+  return CLIPTokenizer(encoder_, merges_, options);
+}
+
 CLIPTokenizer CLIPTokenizer::from_files(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt,
                                         CLIPTokenizerOptions options) {
   nlohmann::json j = read_json_file(vocab_json);

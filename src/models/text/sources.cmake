@@ -1,6 +1,7 @@
 # CLIP text encoder and tokenizer (unicode_tables.inc: regenerate with gen_unicode_tables.py).
 list(APPEND LT_MODELS_SOURCES
   text/clip.cpp
+  text/clip_checkpoint.cpp
   text/clip_tokenizer.cpp
   text/unicode.cpp
 )

@@ -1,22 +1,40 @@
-// lt-make-demo-base OUT_DIR [--seed N]: writes the embedded demo's tiny SD-architecture base model
-// (random weights) and its vocabulary; see train/demo_base.h.
+// lt-make-demo-base OUT_DIR [--arch sd1|sdxl] [--diffusers] [--seed N] [--full-size] [--dtype D]:
+// writes the embedded demo's tiny base model (random weights) and its vocabulary; see
+// train/demo_base.h.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <map>
+
 #include "loratrain/train/demo_base.h"
+#include "loratrain/util/error.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Writes the embedded demo's tiny SD-architecture base model (random weights)"};
+  CLI::App app{"Writes the embedded demo's tiny base model (random weights): SD1 (default) or SDXL architecture"};
   std::string out_dir;
-  uint64_t seed = 1234;
-  app.add_option("out_dir", out_dir, "folder for model.safetensors and tokenizer/")->required();
-  bool full_size = false;
-  app.add_option("--seed", seed, "weight seed")->capture_default_str();
-  app.add_flag("--full-size", full_size, "SD1.5's real shapes (about 4 GiB in fp32) instead of the tiny demo model");
+  std::string arch = "sd1";
+  std::string dtype = "fp32";
+  lt::train::DemoBaseOptions options;
+  app.add_option("out_dir", out_dir, "folder for model.safetensors and tokenizer/ (or the diffusers folder)")->required();
+  app.add_option("--arch", arch, "architecture")->check(CLI::IsMember({"sd1", "sdxl"}))->capture_default_str();
+  app.add_flag("--diffusers", options.diffusers, "write a diffusers folder instead of a single-file checkpoint");
+  app.add_option("--seed", options.seed, "weight seed")->capture_default_str();
+  app.add_flag("--full-size", options.full_size,
+               "the real shapes (SD1.5: about 4 GiB in fp32; SDXL base: about 14 GiB in fp32, 7 in fp16/bf16) "
+               "instead of the tiny demo model");
+  app.add_option("--dtype", dtype, "dtype of the written weights")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.arch = arch == "sdxl" ? lt::train::DemoArch::kSDXL : lt::train::DemoArch::kSD1;
+  const std::map<std::string, at::ScalarType> dtypes = {{"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16}};
+  options.dtype = dtypes.at(dtype);
   try {
-    lt::train::write_demo_base(out_dir, seed, full_size);
+    lt::train::write_demo_base(out_dir, options);
     return 0;
+  } catch (const lt::InputError& e) {
+    spdlog::error("{}", e.what());
+    return 2;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

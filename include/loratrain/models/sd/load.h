@@ -2,6 +2,9 @@
 // diffusion_pytorch_model.safetensors) and LDM single files (model.diffusion_model.*,
 // first_stage_model.*). The module is always diffusers-named; LDM files go through key_maps.h.
 #pragma once
+#include <nlohmann/json_fwd.hpp>
+
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -27,5 +30,13 @@ size_t load_unet(UNet2DConditionModelImpl& unet, const io::SafetensorsFile& file
 // As load_unet for the VAE (LDM: first_stage_model.*, with the mid attention's 1x1-conv weights
 // reshaped to Linear weights at load time).
 size_t load_vae(AutoencoderKLImpl& vae, const io::SafetensorsFile& file, LoadOptions options = {});
+
+// The weights of a diffusers component folder (unet/, vae/, text_encoder/, ...): the first of
+// diffusion_pytorch_model.safetensors, model.safetensors and their .fp16 variants. Throws
+// lt::InputError naming them (.bin files are not read).
+std::filesystem::path diffusers_component_weights(const std::filesystem::path& folder);
+
+// A diffusers component's config.json, parsed; lt::InputError when it is missing or not JSON.
+nlohmann::json read_component_config(const std::filesystem::path& folder);
 
 }  // namespace lt::models::sd

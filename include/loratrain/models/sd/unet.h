@@ -63,6 +63,9 @@ struct UNetConfig {
   static UNetConfig from_json(const nlohmann::json& j);
   // The diffusers default config (SD1.5: 320,640,1280,1280, 8 heads, cross_attention_dim 768).
   static UNetConfig sd15();
+  // SDXL base 1.0's config (320,640,1280; transformer depths 1,2,10 with no attention at the first
+  // level; 2048-wide context; text_time added embedding of 1280 + 6 x 256 inputs).
+  static UNetConfig sdxl();
   // Infers the config from tensor names and shapes, in diffusers naming (keys `prefix` + conv_in...)
   // or LDM naming (`prefix` + input_blocks...; pass "model.diffusion_model."). Values that weights do
   // not carry follow the family convention: 8 heads when cross_attention_dim is 768 (SD1), else

@@ -44,6 +44,8 @@ struct VAEConfig {
   static VAEConfig from_json(const nlohmann::json& j);
   // The SD1.x/2.x VAE (128,256,512,512, 4 latent channels, scaling 0.18215).
   static VAEConfig sd();
+  // SDXL's VAE: the same architecture, latents scaled by 0.13025, 1024-px tiles.
+  static VAEConfig sdxl();
   // Infers the config from tensor shapes in diffusers naming (`prefix` + encoder.conv_in.weight) or
   // LDM naming (`prefix` + encoder.down.0...; pass "first_stage_model."). scaling_factor and
   // shift_factor are not stored in weights: SD's values for 4 latent channels, Flux's for 16.

@@ -60,6 +60,10 @@ class CLIPTokenizer {
   // Ids back to text ('</w>' becomes a space); special tokens are dropped when asked.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const;
 
+  // The same vocabulary and merges padding with `pad_token` (SDXL's tokenizer_2 pads with "!",
+  // which is id 0 of the CLIP vocabulary).
+  CLIPTokenizer with_pad_token(const std::string& pad_token) const;
+
   // Writes vocab.json + merges.txt (transformers' save_vocabulary layout) into `folder`, e.g. to
   // export the OpenAI vocabulary as a diffusers tokenizer/ folder.
   void save_vocabulary(const std::filesystem::path& folder) const;
