@@ -23,25 +23,6 @@ at::ScalarType dtype_from_name(const std::string& name) {
 
 namespace family {
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path.string() + ": cannot read");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
-fs::path component_weights(const fs::path& folder) {
-  for (const char* name : {"diffusion_pytorch_model.safetensors", "model.safetensors",
-                           "diffusion_pytorch_model.fp16.safetensors", "model.fp16.safetensors"}) {
-    if (fs::exists(folder / name)) return folder / name;
-  }
-  throw InputError(folder.string() + ": no .safetensors weights (diffusion_pytorch_model.safetensors or "
-                   "model.safetensors); .bin files are not read: convert them to safetensors");
-}
-
 std::string file_identity(const fs::path& path) {
   std::error_code ec;
   auto size = fs::file_size(path, ec);
@@ -77,6 +58,7 @@ struct Trained {
 constexpr Trained kTrained[] = {
     {ModelFamily::kSD1, load_sd_model},
     {ModelFamily::kSD2, load_sd_model},
+    {ModelFamily::kSDXL, load_sdxl_model},
 };
 
 std::string family_list() {

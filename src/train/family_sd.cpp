@@ -6,14 +6,15 @@
 #include <torch/torch.h>
 
 #include "families.h"
+#include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
-#include "loratrain/models/key_maps.h"
 #include "loratrain/models/layers.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/models/sd/unet.h"
 #include "loratrain/models/sd/vae.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/text/clip.h"
+#include "loratrain/models/text/clip_checkpoint.h"
 #include "loratrain/models/text/clip_tokenizer.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
@@ -82,9 +83,9 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
     unet_ = models::sd::UNet2DConditionModel(config);
     models::sd::load_unet(*unet_, *single_file_handle_);
   } else {
-    auto config = models::sd::UNetConfig::from_json(family::read_json(path / "unet" / "config.json"));
+    auto config = models::sd::UNetConfig::from_json(models::sd::read_component_config(path / "unet"));
     unet_ = models::sd::UNet2DConditionModel(config);
-    auto weights = io::SafetensorsFile::open(family::component_weights(path / "unet"));
+    auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "unet"));
     models::sd::load_unet(*unet_, *weights);
   }
   family::place(*unet_, options_.dtype, options_.device);
@@ -111,28 +112,11 @@ models::CLIPTextModel SDModel::load_text_encoder() const {
   const fs::path& path = options_.name_or_path;
   models::CLIPTextModel text_encoder(nullptr);
   if (single_file_) {
-    const std::string prefix = "cond_stage_model.transformer.";
-    const models::KeyMap key_map = models::clip_ldm_key_map();
-    std::map<std::string, std::vector<int64_t>> shapes;
-    for (const auto& t : single_file_handle_->tensors()) {
-      if (!starts_with(t.name, prefix)) continue;
-      const std::string key = key_map.to_diffusers(t.name);
-      if (!key.empty()) shapes[key] = t.shape;
-    }
-    if (shapes.empty()) {
-      throw InputError(path.string() + ": no text encoder weights under " + prefix +
-                       " (SD2's OpenCLIP single files are not supported yet: use a diffusers folder)");
-    }
-    auto config = models::CLIPTextConfig::detect_from_weights(shapes);
-    text_encoder = models::CLIPTextModel(config);
-    auto load = models::clip_text_load_options();
-    load.prefix = prefix;
-    load.rename = [&key_map, &prefix](const std::string& key) { return key_map.to_diffusers(prefix + key); };
-    models::load_state_dict(*text_encoder, *single_file_handle_, load);
+    text_encoder = models::load_sd_single_file_text_encoder(*single_file_handle_);  // SD1 CLIP or SD2 OpenCLIP
   } else {
     auto config = models::CLIPTextConfig::from_file(path / "text_encoder" / "config.json");
     text_encoder = models::CLIPTextModel(config);
-    auto weights = io::SafetensorsFile::open(family::component_weights(path / "text_encoder"));
+    auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "text_encoder"));
     models::load_state_dict(*text_encoder, *weights, models::clip_text_load_options());
   }
   family::place(*text_encoder, options_.dtype, options_.device);
@@ -152,9 +136,9 @@ models::sd::AutoencoderKL SDModel::load_vae() const {
     vae = models::sd::AutoencoderKL(config);
     models::sd::load_vae(*vae, *single_file_handle_);
   } else {
-    auto config = models::sd::VAEConfig::from_json(family::read_json(path / "vae" / "config.json"));
+    auto config = models::sd::VAEConfig::from_json(models::sd::read_component_config(path / "vae"));
     vae = models::sd::AutoencoderKL(config);
-    auto weights = io::SafetensorsFile::open(family::component_weights(path / "vae"));
+    auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "vae"));
     models::sd::load_vae(*vae, *weights);
   }
   // The VAE runs in fp32 whatever the training dtype: SD's VAE overflows in fp16 (AI Toolkit and
@@ -205,10 +189,7 @@ std::vector<LoRATarget> SDModel::lora_targets() {
 }
 
 std::map<std::string, std::string> SDModel::lora_metadata() const {
-  const bool v2 = traits_.family == ModelFamily::kSD2;
-  return {{"ss_base_model_version", v2 ? "sd_v2" : "sd_v1"},
-          {"ss_v2", v2 ? "True" : "False"},
-          {"ss_v_parameterization", options_.v_prediction ? "True" : "False"}};
+  return lora::kohya_base_model_metadata(playbook::to_string(traits_.family), options_.v_prediction);
 }
 
 // The low-VRAM path's frozen weights: every Linear of the UNet (and of the text encoder when

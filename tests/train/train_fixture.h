@@ -24,6 +24,21 @@ inline const std::filesystem::path& tiny_assets() {
   return dir;
 }
 
+// A tiny SDXL base as a single file (sdxl/model.safetensors) and as a diffusers folder
+// (sdxl-diffusers/), built once per test process, beside the tiny assets' dataset.
+inline const std::filesystem::path& tiny_sdxl() {
+  static const std::filesystem::path dir = [] {
+    auto d = scratch_dir("train_sdxl");
+    train::DemoBaseOptions options;
+    options.arch = train::DemoArch::kSDXL;
+    train::write_demo_base(d / "sdxl", options);
+    options.diffusers = true;
+    train::write_demo_base(d / "sdxl-diffusers", options);
+    return d;
+  }();
+  return dir;
+}
+
 // A run config over the tiny assets; `extra_train` / `extra_memory` are YAML lines (indented by
 // the caller) added to the train: and memory: sections.
 inline std::filesystem::path write_tiny_config(const std::filesystem::path& run_root, const std::string& name,
