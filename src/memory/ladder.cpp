@@ -208,13 +208,15 @@ Rung reduce_frames_to(int floor) {
 }
 
 // The rungs for a failure, safest first: the levers that change no result, then playbook §2's
-// first change and §3's order. Before training the phase decides (a VAE failure while caching never
-// quantizes the denoiser); during training the class does.
+// first change and §3's order. Before training the phase decides (a VAE failure while caching gets
+// every VAE lever before the denoiser is touched); during training the class does.
 std::vector<Rung> rungs_for(Phase phase, Classification cls, const Classified& c, const MemorySettings& s,
                             const MemorySettings& initial) {
   switch (cls) {
     case Classification::load:
-      if (phase == Phase::cache) return {chunk_attention, enable_low_vram, tile_vae};
+      // The denoiser is quantized only once the VAE is alone on the device and tiled and still
+      // does not fit beside it: then the resident base fills the device, not the VAE's encode.
+      if (phase == Phase::cache) return {chunk_attention, enable_low_vram, tile_vae, quantize_base};
       if (phase == Phase::baseline_sample) {
         return {chunk_attention, tile_vae, skip_baseline_sample, enable_low_vram, quantize_base};
       }

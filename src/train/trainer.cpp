@@ -865,7 +865,12 @@ void Trainer::apply(const MemorySettings& next) {
     spdlog::info("base weights quantised to int8: {} released",
                  format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
   }
-  if (change.low_vram) release_encoders();
+  if (change.low_vram) {
+    // Both encoders leave the device now (a failure while caching needs the VAE alone there); each
+    // comes back when it is next used.
+    model_->release(Encoder::text);
+    model_->release(Encoder::vae);
+  }
 }
 
 // New buckets and/or batch size for the batch iterator. Inside a training step the data goes back
