@@ -303,11 +303,9 @@ void save_safetensors(const std::filesystem::path& path,
   uint64_t n = header_text.size();
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out.stream().write(len, 8);
-  out.stream().write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-  for (const auto& c : cpu) {
-    out.stream().write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
-  }
+  out.write(len, 8);
+  out.write(header_text);
+  for (const auto& c : cpu) out.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
   out.commit();
 }
 
