@@ -32,7 +32,7 @@ void print_detection(const models::Detection& d) {
     std::string dtypes;
     for (const auto& [name, count] : c.dtypes) dtypes += fmt::format("{}{} x{}", dtypes.empty() ? "" : ", ", name, count);
     std::cout << fmt::format("  {:<14} {:>10} parameters in {:>5} tensors  [{}]{}\n", c.name, human_count(c.parameters),
-                             c.tensors, dtypes, c.prefix.empty() ? "" : "  prefix " + c.prefix);
+                             c.tensors, dtypes, c.prefix.empty() ? "" : "  prefix " + printable(c.prefix));
     total += c.parameters;
   }
   std::cout << fmt::format("total:   {} parameters\n", human_count(total));
@@ -66,7 +66,7 @@ int inspect(const std::filesystem::path& target) {
   if (!file->metadata().empty()) {
     std::cout << "metadata:\n";
     for (const auto& [k, v] : file->metadata()) {
-      std::cout << fmt::format("  {}: {}\n", k, v.size() > 120 ? v.substr(0, 117) + "..." : v);
+      std::cout << fmt::format("  {}: {}\n", printable(k), printable(v, 117));
     }
   }
   return 0;

@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <csignal>
 #include <iostream>
 
 #include "commands.h"
@@ -38,6 +39,9 @@ int main(int argc, char** argv) {
     return static_cast<int>(lt::ExitCode::kUsage);
   }
 
+  // A file-size limit (ulimit -f) would kill the process with SIGXFSZ mid-save and no message;
+  // ignored, the write fails with EFBIG and the save reports it like a full disk.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     lt::log::init(log_level);
     return chosen();

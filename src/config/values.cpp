@@ -16,13 +16,9 @@ namespace lt::config::detail {
 
 namespace {
 
-// A value quoted inside a one-line message: newlines shown as \n, long values shortened.
-std::string quote(const std::string& s) {
-  constexpr size_t kMax = 60;
-  std::string shown;
-  for (char ch : s.size() > kMax ? s.substr(0, kMax) : s) shown += ch == '\n' ? std::string("\\n") : std::string(1, ch);
-  return "'" + shown + (s.size() > kMax ? "...'" : "'");
-}
+// A value quoted inside a one-line message: controls escaped (newlines shown as \n), long values
+// shortened.
+std::string quote(const std::string& s) { return "'" + printable(s, 60) + "'"; }
 
 std::string got(const YAML::Node& n, const std::string& text) {
   if (n.IsNull()) return "got an empty value";

@@ -6,6 +6,7 @@
 
 #include "loratrain/data/rng.h"
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 
 namespace lt::data {
 
@@ -160,7 +161,7 @@ void BatchIterator::restore_state(const std::string& text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    throw InputError(std::string("data position: not valid JSON: ") + e.what());
+    throw InputError(std::string("data position: not valid JSON: ") + printable(e.what()));
   }
   try {
     const auto seed = j.at("seed").get<uint64_t>();
@@ -180,7 +181,7 @@ void BatchIterator::restore_state(const std::string& text) {
     p.index = std::min(p.index, batches_per_epoch() - 1);
     seek(p);
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(std::string("data position: ") + e.what());
+    throw InputError(std::string("data position: ") + printable(e.what()));
   }
 }
 

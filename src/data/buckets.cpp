@@ -22,7 +22,18 @@ bool Placement::operator==(const Placement& o) const {
 // The arithmetic below is done in doubles in the reference's order, so results match Python's
 // exactly (including its float quirks, e.g. a ceil() landing one pixel above the bucket).
 
-Size aitk_bucket_for_image(int width, int height, int resolution, int divisibility) {
+Size clamp_aspect(int width, int height) {
+  const double longest = kMaxBucketAspect;
+  if (width > longest * height) return {static_cast<int>(std::floor(longest * height)), height};
+  if (height > longest * width) return {width, static_cast<int>(std::floor(longest * width))};
+  return {width, height};
+}
+
+bool aspect_clamped(int width, int height) { return clamp_aspect(width, height) != Size{width, height}; }
+
+Size aitk_bucket_for_image(int image_width, int image_height, int resolution, int divisibility) {
+  // The bucket follows the part of the image that is kept: at most 4:1 (see kMaxBucketAspect).
+  const auto [width, height] = clamp_aspect(image_width, image_height);
   const double total_pixels = static_cast<double>(width) * height;
   const double max_pixels = static_cast<double>(resolution) * resolution;
   const double target_pixels = std::min(total_pixels, max_pixels);
@@ -37,8 +48,16 @@ Size aitk_bucket_for_image(int width, int height, int resolution, int divisibili
   std::vector<std::pair<int64_t, int64_t>> capped;
   for (const auto& [w, h] : candidates)
     if (w > 0 && h > 0 && static_cast<double>(w * h) <= max_pixels) capped.emplace_back(w, h);
-  if (capped.empty()) capped.emplace_back(std::max<int64_t>(divisibility, wf),
-                                          std::max<int64_t>(divisibility, hf));
+  if (capped.empty()) {
+    // Every candidate is over resolution^2 (an image narrower than the grid, or a resolution
+    // close to the divisibility): the floors, at least one grid step each, with the longer side
+    // shortened until the bucket fits.
+    int64_t w = std::max<int64_t>(divisibility, wf), h = std::max<int64_t>(divisibility, hf);
+    while (static_cast<double>(w * h) > max_pixels && std::max(w, h) > divisibility) {
+      (w >= h ? w : h) -= divisibility;
+    }
+    capped.emplace_back(w, h);
+  }
   auto best = capped.front();
   double best_err = std::fabs(static_cast<double>(best.first * best.second) - target_pixels);
   for (size_t i = 1; i < capped.size(); ++i) {
@@ -193,6 +212,10 @@ void validate(BucketOptions& o) {
   if (o.divisibility <= 0)
     throw InputError("buckets: divisibility must be positive, got " +
                      std::to_string(o.divisibility));
+  if (o.resolutions.front() < o.divisibility)
+    throw InputError("buckets: resolution " + std::to_string(o.resolutions.front()) +
+                     " is smaller than the model's bucket grid (" + std::to_string(o.divisibility) +
+                     " pixels)");
   if (o.style == BucketStyle::Kohya) {
     if (o.bucket_reso_steps <= 0)
       throw InputError("bucket_reso_steps must be positive, got " +

@@ -205,6 +205,18 @@ void Dataset::scan() {
                      (image_files.size() == 1 ? " was" : "s were") +
                      " skipped: " + list_some(skipped, 5));
   }
+  std::vector<std::string> clamped;
+  for (const ImageRecord& r : images_) {
+    if (!aspect_clamped(r.width, r.height)) continue;
+    const Size kept = clamp_aspect(r.width, r.height);
+    clamped.push_back(printable(fs::relative(r.path, root, ec).string()) + " (" + std::to_string(r.width) + "x" +
+                      std::to_string(r.height) + ", trained as its centre " + std::to_string(kept.width) + "x" +
+                      std::to_string(kept.height) + ")");
+  }
+  if (!clamped.empty()) {
+    warn(std::to_string(clamped.size()) + " image" + (clamped.size() == 1 ? " is" : "s are") +
+         " longer than 4:1, the widest bucket aspect ratio: " + list_some(clamped));
+  }
   spdlog::info("Dataset {}: {} images{}", root.string(), images_.size(),
                skipped.empty() ? std::string() : fmt::format(" ({} skipped)", skipped.size()));
 }

@@ -14,6 +14,7 @@
 
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 
 namespace lt::io {
 
@@ -38,6 +39,9 @@ constexpr uint64_t kMaxHeaderBytes = 100ull * 1024 * 1024;
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& what) {
   throw InputError(path.string() + ": not a valid safetensors file: " + what);
 }
+
+// A name or value from the header, quoted: it is the file's bytes, so it is escaped.
+std::string quote_from_file(const std::string& from_file) { return "'" + printable(from_file) + "'"; }
 
 std::optional<at::ScalarType> native_type(DType d) {
   switch (d) {
@@ -146,7 +150,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   try {
     header = nlohmann::json::parse(header_begin, header_begin + header_len);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("header is not valid JSON (") + e.what() + ")");
+    // The parser quotes the bytes it choked on.
+    fail(path, "header is not valid JSON (" + printable(e.what()) + ")");
   }
   if (!header.is_object()) fail(path, "header is not a JSON object");
   file->data_ = file->map_ + 8 + header_len;
@@ -156,7 +161,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) fail(path, "__metadata__ is not an object");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (!m.value().is_string()) fail(path, "__metadata__ value '" + m.key() + "' is not a string");
+        if (!m.value().is_string()) fail(path, "__metadata__ value " + quote_from_file(m.key()) + " is not a string");
         file->metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
@@ -166,35 +171,35 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     info.name = it.key();
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
         !entry.contains("data_offsets")) {
-      fail(path, "tensor '" + info.name + "' lacks dtype, shape or data_offsets");
+      fail(path, "tensor " + quote_from_file(info.name) + " lacks dtype, shape or data_offsets");
     }
-    if (!entry["dtype"].is_string()) fail(path, "tensor '" + info.name + "' has a non-string dtype");
+    if (!entry["dtype"].is_string()) fail(path, "tensor " + quote_from_file(info.name) + " has a non-string dtype");
     auto dtype = dtype_from_name(entry["dtype"].get<std::string>());
-    if (!dtype) fail(path, "tensor '" + info.name + "' has unknown dtype '" + entry["dtype"].get<std::string>() + "'");
+    if (!dtype) fail(path, "tensor " + quote_from_file(info.name) + " has unknown dtype " + quote_from_file(entry["dtype"].get<std::string>()));
     info.dtype = *dtype;
-    if (!entry["shape"].is_array()) fail(path, "tensor '" + info.name + "' shape is not an array");
+    if (!entry["shape"].is_array()) fail(path, "tensor " + quote_from_file(info.name) + " shape is not an array");
     uint64_t numel = 1;
     for (const auto& dim : entry["shape"]) {
-      if (!dim.is_number_unsigned()) fail(path, "tensor '" + info.name + "' has a negative or non-integer dimension");
+      if (!dim.is_number_unsigned()) fail(path, "tensor " + quote_from_file(info.name) + " has a negative or non-integer dimension");
       uint64_t d = dim.get<uint64_t>();
-      if (d > (1ull << 40) || (d != 0 && numel > (1ull << 50) / d)) fail(path, "tensor '" + info.name + "' shape is absurdly large");
+      if (d > (1ull << 40) || (d != 0 && numel > (1ull << 50) / d)) fail(path, "tensor " + quote_from_file(info.name) + " shape is absurdly large");
       numel *= d;
       info.shape.push_back(static_cast<int64_t>(d));
     }
     const auto& offsets = entry["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      fail(path, "tensor '" + info.name + "' data_offsets is not a pair of non-negative integers");
+      fail(path, "tensor " + quote_from_file(info.name) + " data_offsets is not a pair of non-negative integers");
     }
     info.begin = offsets[0].get<uint64_t>();
     info.end = offsets[1].get<uint64_t>();
     if (info.begin > info.end || info.end > data_size) {
-      fail(path, "tensor '" + info.name + "' data [" + std::to_string(info.begin) + ", " +
+      fail(path, "tensor " + quote_from_file(info.name) + " data [" + std::to_string(info.begin) + ", " +
                      std::to_string(info.end) + ") lies outside the " + std::to_string(data_size) +
                      "-byte data section (truncated file?)");
     }
     if (info.end - info.begin != numel * dtype_size(info.dtype)) {
-      fail(path, "tensor '" + info.name + "' has " + std::to_string(info.end - info.begin) +
+      fail(path, "tensor " + quote_from_file(info.name) + " has " + std::to_string(info.end - info.begin) +
                      " bytes of data but its shape and dtype need " + std::to_string(numel * dtype_size(info.dtype)));
     }
     file->tensors_.push_back(std::move(info));
@@ -219,7 +224,7 @@ SafetensorsFile::~SafetensorsFile() {
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = index_.find(name);
-  if (it == index_.end()) throw InputError(path_.string() + ": no tensor named '" + name + "'");
+  if (it == index_.end()) throw InputError(path_.string() + ": no tensor named " + quote_from_file(name));
   return tensors_[it->second];
 }
 
@@ -249,7 +254,7 @@ at::Tensor SafetensorsFile::load(const std::string& name, std::optional<at::Scal
   }
   auto native = native_type(t.dtype);
   if (!native) {
-    throw InputError(path_.string() + ": tensor '" + name + "' has dtype " + dtype_name(t.dtype) +
+    throw InputError(path_.string() + ": tensor " + quote_from_file(name) + " has dtype " + dtype_name(t.dtype) +
                      ", which LibTorch cannot hold");
   }
   // from_blob views the mapping without copying; one copy then lands in the target dtype.
@@ -298,11 +303,9 @@ void save_safetensors(const std::filesystem::path& path,
   uint64_t n = header_text.size();
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out.stream().write(len, 8);
-  out.stream().write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-  for (const auto& c : cpu) {
-    out.stream().write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
-  }
+  out.write(len, 8);
+  out.write(header_text);
+  for (const auto& c : cpu) out.write(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
   out.commit();
 }
 

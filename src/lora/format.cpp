@@ -10,6 +10,7 @@
 
 #include "loratrain/io/safetensors.h"
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 
 namespace lt::lora {
 
@@ -256,7 +257,7 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
     matches.emplace_back(m.get(), &f);
   }
   for (const auto& [stem, f] : by_stem) {
-    if (!used.count(stem)) report.unexpected.push_back(stem);
+    if (!used.count(stem)) report.unexpected.push_back(printable(stem));
   }
   const bool fail = !mismatched.empty() || (strict && (!report.missing.empty() || !report.unexpected.empty()));
   if (fail) {
@@ -336,12 +337,12 @@ LoRAFileInfo inspect_lora(const io::SafetensorsFile& file) {
   info.dtype = dtypes.size() == 1 ? *dtypes.begin() : (dtypes.empty() ? "" : "mixed");
   for (const auto& m : modules) {
     if (m.down_shape.empty() || m.up_shape.empty()) {
-      info.problems.push_back(m.stem + ": " + (m.down_shape.empty() ? "no down/A weight" : "no up/B weight"));
+      info.problems.push_back(printable(m.stem) + ": " + (m.down_shape.empty() ? "no down/A weight" : "no up/B weight"));
       continue;
     }
     const int64_t rank = m.down_shape[0];
     if (m.up_shape.size() < 2 || m.up_shape[1] != rank) {
-      info.problems.push_back(fmt::format("{}: rank mismatch (down {}, up {})", m.stem, rank,
+      info.problems.push_back(fmt::format("{}: rank mismatch (down {}, up {})", printable(m.stem), rank,
                                           m.up_shape.size() >= 2 ? m.up_shape[1] : -1));
     }
     ++info.modules;
@@ -363,7 +364,7 @@ LoRAFileInfo inspect_lora(const io::SafetensorsFile& file) {
 std::string describe(const LoRAFileInfo& info) {
   auto counts = [](const auto& map, auto fmt_key) {
     std::string s;
-    for (const auto& [k, n] : map) s += (s.empty() ? "" : ", ") + fmt_key(k) + " (" + std::to_string(n) + ")";
+    for (const auto& [k, n] : map) s += (s.empty() ? "" : ", ") + printable(fmt_key(k)) + " (" + std::to_string(n) + ")";
     return s;
   };
   std::string out = fmt::format("LoRA, {} format: {} modules", info.format == LoRAFormat::Kohya ? "kohya" : "PEFT/diffusers",
@@ -381,7 +382,7 @@ std::string describe(const LoRAFileInfo& info) {
   for (const char* key : {"ss_base_model_version", "ss_output_name", "ss_steps", "ss_learning_rate", "ss_optimizer",
                           "ss_training_started_at"}) {
     auto it = info.training.find(key);
-    if (it != info.training.end()) out += fmt::format("\n  {}: {}", key, it->second);
+    if (it != info.training.end()) out += fmt::format("\n  {}: {}", key, printable(it->second));
   }
   for (const auto& p : info.problems) out += "\n  problem: " + p;
   return out;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 
 namespace lt::models {
 
@@ -35,13 +36,13 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
     for (auto& d : derived) {
       auto it = targets.find(d.module_key);
       if (it == targets.end()) {
-        unexpected.push_back(derived.size() == 1 ? info.name : info.name + " (as " + d.module_key + ")");
+        unexpected.push_back(derived.size() == 1 ? printable(info.name) : printable(info.name) + " (as " + printable(d.module_key) + ")");
         continue;
       }
       if (at::IntArrayRef(d.shape) != it->second.sizes()) {
         std::ostringstream m;
-        m << d.module_key << ": file has " << at::IntArrayRef(d.shape)
-          << (d.make ? " (derived from " + info.name + ")" : std::string()) << ", model expects " << it->second.sizes();
+        m << printable(d.module_key) << ": file has " << at::IntArrayRef(d.shape)
+          << (d.make ? " (derived from " + printable(info.name) + ")" : std::string()) << ", model expects " << it->second.sizes();
         mismatched.push_back(m.str());
         continue;
       }

@@ -929,12 +929,12 @@ std::unique_ptr<Scheduler> load_scheduler(const std::filesystem::path& path, std
   try {
     j = json::parse(in);
   } catch (const json::exception& e) {
-    throw InputError(path.string() + ": invalid JSON: " + e.what());
+    throw InputError(path.string() + ": invalid JSON: " + printable(e.what()));
   }
   try {
     return kind ? make_scheduler(*kind, j) : make_scheduler_from_config(j);
   } catch (const InputError& e) {
-    throw InputError(path.string() + ": " + e.what());
+    throw InputError(path.string() + ": " + printable(e.what()));
   }
 }
 

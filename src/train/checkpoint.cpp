@@ -52,7 +52,7 @@ std::optional<TrainingState> load_training_state(const std::filesystem::path& pa
     state.settings_json = record.at("settings").get<std::string>();
     state.config_name = record.at("config_name").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": broken training state record (" + e.what() + ")");
+    throw InputError(path.string() + ": broken training state record (" + printable(e.what()) + ")");
   }
   for (const auto& t : file->tensors()) {
     if (starts_with(t.name, kAdapter)) state.adapter.emplace_back(t.name.substr(std::strlen(kAdapter)), file->load(t.name));

@@ -185,6 +185,7 @@ class Trainer {
   int64_t clean_steps_ = 0;
   double last_loss_ = 0;
   std::vector<size_t> step_images_;  // images of the step in progress
+  data::Size step_bucket_;           // the bucket of the step's first batch (metrics.jsonl)
 };
 
 RunResult Trainer::run() {
@@ -236,6 +237,8 @@ RunResult Trainer::run() {
       stats.mem_allocated = memory_->allocated();
       stats.mem_peak = memory_->peak_allocated();
       stats.batch_size = settings_.batch_size;
+      stats.width = step_bucket_.width;
+      stats.height = step_bucket_.height;
       progress.update(stats);
       metrics.write(stats, progress.smoothed_loss());
 
@@ -654,6 +657,7 @@ void Trainer::train_step() {
   double loss_sum = 0;
   for (int micro = 0; micro < accumulation; ++micro) {
     data::Batch batch = batches_->next();
+    if (micro == 0) step_bucket_ = batch.size;
     for (const auto& item : batch.items) step_images_.push_back(item.image);
     const Conditioning conditioning = conditioning_for(batch);
     const at::Tensor latents = latents_for(batch);

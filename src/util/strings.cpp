@@ -117,4 +117,88 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence starting at s[0] and its code point; 0 when invalid
+// (truncated, overlong, a surrogate or beyond U+10FFFF).
+size_t utf8_sequence(std::string_view s, uint32_t& code_point) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char lead = byte(0);
+  size_t length = 0;
+  uint32_t cp = 0;
+  if (lead < 0x80) {
+    code_point = lead;
+    return 1;
+  } else if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+    cp = lead & 0x1F;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    cp = lead & 0x0F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    cp = lead & 0x07;
+  } else {
+    return 0;
+  }
+  if (s.size() < length) return 0;
+  for (size_t i = 1; i < length; ++i) {
+    if ((byte(i) & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (byte(i) & 0x3F);
+  }
+  const uint32_t smallest[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < smallest[length] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
+  code_point = cp;
+  return length;
+}
+
+// Code points a terminal acts on instead of showing: C0/C1 controls, DEL, and the format
+// characters that reorder or break text (bidi marks, embeddings, overrides, isolates, line and
+// paragraph separators).
+bool is_invisible_control(uint32_t cp) {
+  return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F) || cp == 0x061C || cp == 0x200E || cp == 0x200F ||
+         (cp >= 0x2028 && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+}
+
+}  // namespace
+
+std::string printable(std::string_view bytes, size_t max_bytes) {
+  const bool shortened = bytes.size() > max_bytes;
+  if (shortened) {
+    // Cut before a character, not inside one.
+    size_t cut = max_bytes;
+    while (cut > 0 && max_bytes - cut < 3 && (static_cast<unsigned char>(bytes[cut]) & 0xC0) == 0x80) --cut;
+    bytes = bytes.substr(0, cut);
+  }
+  std::string out;
+  out.reserve(bytes.size());
+  const auto escape_bytes = [&out](std::string_view raw) {
+    for (unsigned char b : raw) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02X", b);
+      out += buf;
+    }
+  };
+  size_t i = 0;
+  while (i < bytes.size()) {
+    uint32_t cp = 0;
+    const size_t length = utf8_sequence(bytes.substr(i), cp);
+    if (length == 0) {
+      // Not UTF-8 here (or cut off by max_bytes): this one byte is escaped, the next one tried.
+      escape_bytes(bytes.substr(i, 1));
+      ++i;
+      continue;
+    }
+    if (cp == '\\') out += "\\\\";
+    else if (cp == '\n') out += "\\n";
+    else if (cp == '\r') out += "\\r";
+    else if (cp == '\t') out += "\\t";
+    else if (is_invisible_control(cp)) escape_bytes(bytes.substr(i, length));
+    else out.append(bytes.substr(i, length));
+    i += length;
+  }
+  if (shortened) out += "...";
+  return out;
+}
+
 }  // namespace lt

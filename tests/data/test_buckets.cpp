@@ -40,7 +40,8 @@ CATCH_TEST_CASE("AI Toolkit buckets for several aspect ratios", "[data][buckets]
   CATCH_CHECK(aitk(10, 10, 512) == P(16, 16, 0, 0, 16, 16));
   // Python float quirk mirrored: ceil(1001 * (512/1000)) = 513, one row cropped at the bottom.
   CATCH_CHECK(aitk(1000, 1001, 512) == P(512, 513, 0, 0, 512, 512));
-  CATCH_CHECK(aitk(4000, 100, 512) == P(3248, 82, 0, 1, 3248, 80));
+  // Beyond 4:1 the centre 4:1 part is bucketed (400x100 -> 400x96) and the rest cropped away.
+  CATCH_CHECK(aitk(4000, 100, 512) == P(3840, 96, 1720, 0, 400, 96));
   // Divisibility is the model's: Flux-style 32.
   CATCH_CHECK(aitk_bucket_for_image(1024, 768, 512, 32) == Size{576, 448});
   // Every bucket stays within resolution^2 and on the grid.
@@ -50,6 +51,41 @@ CATCH_TEST_CASE("AI Toolkit buckets for several aspect ratios", "[data][buckets]
     CATCH_CHECK(b.width % 16 == 0);
     CATCH_CHECK(b.height % 16 == 0);
   }
+}
+
+CATCH_TEST_CASE("extreme aspect ratios are clamped to 4:1 and never exceed the target area", "[data][buckets]") {
+  CATCH_CHECK(clamp_aspect(8, 4000) == Size{8, 32});
+  CATCH_CHECK(clamp_aspect(4000, 100) == Size{400, 100});
+  CATCH_CHECK(clamp_aspect(2000, 500) == Size{2000, 500});  // exactly 4:1 is kept whole
+  CATCH_CHECK(clamp_aspect(1920, 1080) == Size{1920, 1080});
+  CATCH_CHECK(aspect_clamped(8, 4000));
+  CATCH_CHECK_FALSE(aspect_clamped(2000, 500));
+  // The reference's fallback gave this strip a 16x1424 bucket at resolution 64 (5.6x the area).
+  CATCH_CHECK(aitk(8, 4000, 64) == P(16, 8000, 0, 3984, 16, 32));
+  CATCH_CHECK(aitk(4000, 8, 64) == P(8000, 16, 3984, 0, 32, 16));
+  // A resolution of one grid step: the fallback shrinks to fit instead of overflowing.
+  CATCH_CHECK(aitk_bucket_for_image(64, 16, 16, 16) == Size{16, 16});
+  for (int res : {16, 64, 512}) {
+    for (int w : {1, 7, 8, 16, 63, 100, 513, 1000, 4000, 20000}) {
+      for (int h : {1, 5, 8, 33, 64, 300, 999, 4000, 20000}) {
+        const Size b = aitk_bucket_for_image(w, h, res, 16);
+        CATCH_CHECK(int64_t(b.width) * b.height <= int64_t(res) * res);
+        CATCH_CHECK(b.width % 16 == 0);
+        CATCH_CHECK(b.height % 16 == 0);
+        CATCH_CHECK(b.width >= 16);
+        CATCH_CHECK(b.height >= 16);
+        // 4:1 at most, give or take the grid step the short side is rounded to.
+        CATCH_CHECK(std::max(b.width, b.height) <= 4 * (std::min(b.width, b.height) + 16));
+        const Placement p = aitk_cover_and_crop(w, h, b);
+        CATCH_CHECK(p.crop_x + p.crop_width <= p.scale_to_width);
+        CATCH_CHECK(p.crop_y + p.crop_height <= p.scale_to_height);
+      }
+    }
+  }
+  // A resolution below the model's grid is refused.
+  BucketOptions tiny;
+  tiny.resolutions = {8};
+  CATCH_CHECK_THROWS_WITH(BucketPlan::build({{64, 64, "a.png"}}, tiny), Catch::Contains("smaller than the model's bucket grid"));
 }
 
 CATCH_TEST_CASE("AI Toolkit square crop when buckets are off", "[data][buckets]") {

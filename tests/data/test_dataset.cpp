@@ -376,3 +376,27 @@ CATCH_TEST_CASE("the demo dataset is deterministic and loads with several bucket
   CATCH_CHECK(ds.make_plan(bo).buckets().size() == 3);  // 64x64, 80x48, 48x80
   CATCH_CHECK_THROWS_AS(make_demo_dataset(c, DemoDataOptions{0, 64, 1}), lt::InputError);
 }
+
+CATCH_TEST_CASE("an image longer than 4:1 is bucketed as its centre, with a warning naming it", "[data][dataset][buckets]") {
+  fs::path dir = lt::test::scratch_dir("data_ds_strip");
+  lt::io::write_png(dir / "strip.png", lt::test::pattern_image(8, 4000));
+  lt::io::write_png(dir / "square.png", lt::test::pattern_image(64, 64));
+  DatasetOptions o;
+  o.folder_path = dir;
+  Dataset ds(o);
+  CATCH_REQUIRE(ds.size() == 2);
+  CATCH_REQUIRE(ds.warnings().size() == 1);
+  CATCH_CHECK(contains(ds.warnings()[0], "strip.png (8x4000, trained as its centre 8x32)"));
+  CATCH_CHECK_FALSE(contains(ds.warnings()[0], "square.png"));
+  BucketOptions b;
+  b.resolutions = {64};
+  b.divisibility = 16;
+  BucketPlan plan = ds.make_plan(b);
+  for (const Bucket& bucket : plan.buckets()) CATCH_CHECK(bucket.size.width * bucket.size.height <= 64 * 64);
+  const size_t strip = ds.images()[0].path.filename() == "strip.png" ? 0 : 1;
+  for (const BucketEntry& e : plan.entries()) {
+    if (e.image == strip) CATCH_CHECK(e.placement.bucket() == Size{16, 32});
+  }
+  at::Tensor t = ds.load_tensor(strip, plan.entries()[strip].placement, false);
+  CATCH_CHECK(t.sizes() == torch::IntArrayRef({3, 32, 16}));
+}

@@ -139,6 +139,27 @@ CATCH_TEST_CASE("broken and hostile safetensors files give one clear error", "[i
     write_all(dir / "cut.safetensors", bytes.substr(0, bytes.size() - 100));
     CATCH_CHECK_THAT(open_error(dir / "cut.safetensors"), Catch::Contains("truncated"));
   }
+  CATCH_SECTION("hostile bytes in the header are escaped in the message") {
+    // Terminal escapes inside a JSON string (a name that clears the screen), then raw bytes that
+    // are not UTF-8 where the parser stops: the message quotes both, escaped.
+    auto names = forge(dir, "esc.safetensors", R"({"w\u001b[2J\u001b[31m":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
+                       ok_data);
+    const std::string named = open_error(names);
+    CATCH_CHECK_THAT(named, Catch::Contains("'w\\x1B[2J\\x1B[31m'"));
+    auto raw = forge(dir, "raw.safetensors", "{\"w\":\x1b]0;owned\a\xff\xfe}", ok_data);
+    const std::string parsed = open_error(raw);
+    CATCH_CHECK_THAT(parsed, Catch::Contains("not valid JSON"));
+    auto bidi = forge(dir, "bidi.safetensors", "{\"w\":{\"dtype\":\"F32\xE2\x80\xAE\",\"shape\":[2],\"data_offsets\":[0,8]}}", ok_data);
+    const std::string dtype = open_error(bidi);
+    CATCH_CHECK_THAT(dtype, Catch::Contains("unknown dtype 'F32\\xE2\\x80\\xAE'"));
+    for (const std::string& message : {named, parsed, dtype}) {
+      for (unsigned char c : message) {
+        CATCH_CHECK(c >= 0x20);
+        CATCH_CHECK(c != 0x7F);
+        CATCH_CHECK(c < 0x80);  // these three messages quote nothing but ASCII and escapes
+      }
+    }
+  }
   CATCH_SECTION("missing file") {
     CATCH_CHECK_THAT(open_error(dir / "nope.safetensors"), Catch::Contains("cannot open"));
   }

@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "loratrain/config/config.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/train/trainer.h"
@@ -50,10 +52,20 @@ CATCH_TEST_CASE("run trains a LoRA and leaves every output in the run folder", "
   CATCH_CHECK(std::filesystem::exists(run / "samples" / "grid_000000000.png"));  // baseline
   // The effective config parses back.
   CATCH_CHECK_NOTHROW(lt::config::load_config(run / "config.yaml"));
-  // metrics.jsonl: one line per step.
+  // metrics.jsonl: one line per step, with the step's real bucket (the demo images at 64: buckets
+  // on the 16-pixel grid within 64x64).
   std::ifstream metrics(run / "metrics.jsonl");
   int lines = 0;
-  for (std::string line; std::getline(metrics, line);) ++lines;
+  for (std::string line; std::getline(metrics, line);) {
+    ++lines;
+    const auto j = nlohmann::json::parse(line);
+    const int64_t w = j.at("width").get<int64_t>(), h = j.at("height").get<int64_t>();
+    CATCH_CHECK(w > 0);
+    CATCH_CHECK(h > 0);
+    CATCH_CHECK(w % 16 == 0);
+    CATCH_CHECK(h % 16 == 0);
+    CATCH_CHECK(w * h <= 64 * 64);
+  }
   CATCH_CHECK(lines == 6);
   // A kohya file: every module has down, up and alpha; the up weights moved away from zero.
   auto lora = read_all(run / "outputs.safetensors");

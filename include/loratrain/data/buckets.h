@@ -9,6 +9,9 @@
 //     divisibility that stay within resolution^2 are candidates; the one whose area is closest to
 //     the target wins (first in floor/floor, floor/ceil, ceil/floor, ceil/ceil order on ties);
 //   - the image is scaled (ceil) to cover the bucket and centre-cropped to it.
+//   One deviation: an image beyond 4:1 is bucketed as its centre 4:1 part (clamp_aspect), so an
+//   8x4000 strip gets a narrow bucket of at most resolution^2 pixels, not a 16x1424 one that the
+//   reference's fallback makes (and the bucket area never exceeds resolution^2).
 //   Divisibility is the model's (SD/SDXL 16 = VAE 8 x 2, Flux 32), not a user setting.
 //   `buckets: false`: scale the short side to the resolution and centre-crop a square.
 //
@@ -47,6 +50,14 @@ struct Placement {
 };
 
 // ---- AI Toolkit ---------------------------------------------------------------------------------
+
+// The longest side of a bucket is at most 4x its shortest: kohya's default buckets (256..1024 at
+// 512) and AI Toolkit's SDXL table (2048x512 .. 512x2048) stop there too. A longer image trains on
+// its centre crop of this ratio.
+inline constexpr double kMaxBucketAspect = 4.0;
+// The centre part of a width x height image that buckets use: the image itself up to 4:1.
+Size clamp_aspect(int width, int height);
+bool aspect_clamped(int width, int height);
 
 // The bucket for a width x height image at `resolution` (see above).
 Size aitk_bucket_for_image(int width, int height, int resolution, int divisibility);

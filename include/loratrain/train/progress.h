@@ -17,7 +17,7 @@ struct StepStats {
   int64_t mem_allocated = 0;
   int64_t mem_peak = 0;
   int64_t batch_size = 0;
-  int64_t width = 0, height = 0;
+  int64_t width = 0, height = 0;  // the bucket (pixels) of the step's first batch
 };
 
 // One fixed-field line per step: `step 12/60 | loss 0.1234 (avg 0.1301) | lr 1.0e-04 | 1.52 s/it |

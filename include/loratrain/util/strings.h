@@ -26,4 +26,11 @@ std::vector<std::string> split(std::string_view s, char sep);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);
 
+// Bytes read from a file (a header, a key, a caption), made safe to quote in a message: printable
+// UTF-8 stays as it is; control characters, DEL, C1 controls, bidirectional overrides and bytes
+// that are not valid UTF-8 become \xNN (\n, \r and \t by name, a backslash doubled), so a
+// hostile file cannot move the cursor, recolour the terminal or hide text. At most `max_bytes` of
+// the input are shown, then "...".
+std::string printable(std::string_view bytes, size_t max_bytes = 200);
+
 }  // namespace lt

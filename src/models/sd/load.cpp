@@ -8,6 +8,7 @@
 
 #include "loratrain/models/key_maps.h"
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 
 namespace lt::models::sd {
 
@@ -134,7 +135,7 @@ nlohmann::json read_component_config(const std::filesystem::path& folder) {
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": not valid JSON (" + e.what() + ")");
+    throw InputError(path.string() + ": not valid JSON (" + printable(e.what()) + ")");
   }
 }
 

@@ -9,6 +9,7 @@
 #include "loratrain/models/attention.h"
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 
 namespace lt::models {
 
@@ -70,7 +71,7 @@ CLIPTextConfig CLIPTextConfig::from_file(const std::filesystem::path& config_jso
   try {
     in >> j;
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(config_json.string() + ": invalid JSON: " + e.what());
+    throw InputError(config_json.string() + ": invalid JSON: " + printable(e.what()));
   }
   return from_json(j, config_json.string());
 }

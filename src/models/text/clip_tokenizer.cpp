@@ -11,6 +11,7 @@
 
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
+#include "loratrain/util/strings.h"
 #include "unicode.h"
 
 namespace lt::models {
@@ -147,7 +148,7 @@ nlohmann::json read_json_file(const std::filesystem::path& path) {
   try {
     return nlohmann::json::parse(read_text_file(path, "JSON file"));
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": invalid JSON: " + e.what());
+    throw InputError(path.string() + ": invalid JSON: " + printable(e.what()));
   }
 }
 
