@@ -25,10 +25,6 @@ PhaseScope::~PhaseScope() {
   if (guard_ != nullptr) guard_->exit_phase(depth_, std::uncaught_exceptions() > uncaught_);
 }
 
-void PhaseScope::update(const PhaseContext& where) {
-  if (guard_ != nullptr && depth_ < guard_->frames_.size()) guard_->frames_[depth_].where = where;
-}
-
 // ---- OomGuard ----
 
 namespace {

@@ -123,8 +123,6 @@ class PhaseScope {
   PhaseScope& operator=(PhaseScope&&) = delete;
   PhaseScope(const PhaseScope&) = delete;
   ~PhaseScope();
-  // The context may become known inside the phase (the bucket after the batch is drawn).
-  void update(const PhaseContext& where);  // same as OomGuard::set_context while this is innermost
 
  private:
   friend class OomGuard;

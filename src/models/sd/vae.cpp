@@ -301,7 +301,6 @@ AutoencoderKLImpl::AutoencoderKLImpl(const VAEConfig& c) : config(c) {
   const int64_t lc = config.latent_channels;
   if (config.use_quant_conv) quant_conv = register_module("quant_conv", Conv2d(2 * lc, 2 * lc, 1, 1, 0));
   if (config.use_post_quant_conv) post_quant_conv = register_module("post_quant_conv", Conv2d(lc, lc, 1, 1, 0));
-  tile_sample_min_size = config.sample_size;
   tile_latent_min_size = config.sample_size / downscale_factor();
 }
 

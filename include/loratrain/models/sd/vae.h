@@ -128,12 +128,11 @@ class AutoencoderKLImpl : public torch::nn::Module {
   at::Tensor unscale_latents(const at::Tensor& z) const;
 
   // Memory options (diffusers enable_slicing / enable_tiling): slicing runs one image at a time;
-  // tiling encodes and decodes overlapping tiles of tile_sample_min_size pixels (the config's
-  // sample_size) and blends the seams. An image no larger than a tile is tiled at half its larger
+  // tiling encodes and decodes overlapping tiles of tile_latent_min_size latent cells (the config's
+  // sample_size in pixels) and blends the seams. An image no larger than a tile is tiled at half its larger
   // side (not below kMinTileLatent latent cells), so tiling always lowers the peak.
   bool use_slicing = false;
   bool use_tiling = false;
-  int64_t tile_sample_min_size;
   int64_t tile_latent_min_size;
   double tile_overlap_factor = 0.25;
   static constexpr int64_t kMinTileLatent = 8;
