@@ -30,6 +30,7 @@
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/playbook/settings.h"
+#include "loratrain/report/run_report.h"
 #include "loratrain/sample/noise.h"
 #include "loratrain/sample/prompt.h"
 #include "loratrain/sample/sampler.h"
@@ -155,6 +156,7 @@ class Trainer {
   void cache_latents();
   void release_encoders();
   void write_report(int exit_code, const std::string& outcome);
+  void refresh_report();
   int give_up(const memory::OomGiveUp& g);
 
   at::Tensor latents_for(const data::Batch& batch);
@@ -242,6 +244,7 @@ RunResult Trainer::run() {
     if (request_.on_training_start) request_.on_training_start(*memory_);
     ProgressLine progress;
     MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
+    refresh_report();
     spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, summarize(settings_));
     if (StopSignals::received() && step_ < total_steps_) return stop(StopSignals::received());
     while (step_ < total_steps_) {
@@ -280,11 +283,13 @@ RunResult Trainer::run() {
                })) {
           apply(*next);
         }
+        refresh_report();
       }
       const bool save_due = p_->save.save_every > 0 && step_ % p_->save.save_every == 0 && step_ < total_steps_;
       if (save_due) {
         progress.finish();
         save_phase([this] { save_checkpoint(step_, false); });
+        refresh_report();
       }
       const bool stop_requested = request_.stop_after_steps && step_ >= *request_.stop_after_steps;
       if ((StopSignals::received() || stop_requested) && step_ < total_steps_) {
@@ -982,7 +987,7 @@ void Trainer::write_report(int exit_code, const std::string& outcome) {
   for (const auto& attempt : guard_->attempts()) result_.actions.push_back(attempt.description);
   nlohmann::json report = guard_->to_json();
   report["outcome"] = outcome;
-  report["exit_code"] = exit_code;
+  if (outcome != "running") report["exit_code"] = exit_code;
   report["steps_completed"] = step_;
   report["total_steps"] = total_steps_;
   report["device"] = memory_->name();
@@ -993,6 +998,21 @@ void Trainer::write_report(int exit_code, const std::string& outcome) {
   }
   if (!result_.lora_path.empty()) report["lora"] = result_.lora_path.string();
   write_file_atomic(run_dir_ / "report.json", report.dump(2) + "\n");
+  // report.html is a view of the run folder: not being able to write it does not fail the run.
+  try {
+    report::write_run_report(run_dir_);
+  } catch (const std::exception& e) {
+    spdlog::warn("report.html not written: {}", e.what());
+  }
+}
+
+// While training: report.json says "running" and report.html reloads itself.
+void Trainer::refresh_report() {
+  try {
+    write_report(0, "running");
+  } catch (const std::exception& e) {
+    spdlog::warn("report.json not written: {}", e.what());
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The run as a process: stop signals (Ctrl-C, SIGTERM) save a resumable state and exit 130 / 143,
-// and a full disk (a file-size limit) leaves every file saved before intact with one clear message.
+// a full disk (a file-size limit) leaves every file saved before intact with one clear message,
+// and the run folder's report.html follows the run.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -106,7 +107,11 @@ CATCH_TEST_CASE("Ctrl-C (SIGINT) mid-run: exit 130 with the state saved", "[trai
   const fs::path run = root / "int";
   const pid_t pid = lt::test::start_lora_train({"run", config.string()}, root / "output.txt", child_options());
   CATCH_REQUIRE(lt::test::wait_until(pid, [&] { return lt::test::line_count(run / "metrics.jsonl") >= 1; }));
+  // While it trains, the page says so and reloads itself.
+  const std::string live = lt::test::read_file(run / "report.html");
   CATCH_REQUIRE(::kill(pid, SIGINT) == 0);
+  CATCH_CHECK_THAT(live, Catch::Contains("<meta http-equiv=\"refresh\" content=\"30\">"));
+  CATCH_CHECK_THAT(live, Catch::Contains("the run is live"));
   const auto ended = lt::test::wait_child(pid);
   CATCH_INFO(lt::test::read_file(root / "output.txt"));
   CATCH_CHECK(ended.exited);
@@ -158,4 +163,35 @@ CATCH_TEST_CASE("a full disk while saving: the previous LoRA and state stay as t
   auto finished = lt::train::run_training(again);
   CATCH_CHECK(finished.exit_code == 0);
   CATCH_CHECK(finished.losses.size() == 2);
+}
+
+CATCH_TEST_CASE("report.html is rewritten when the run stops and when it ends, with every part filled in",
+                "[train][e2e][report]") {
+  auto root = lt::test::scratch_dir("run_report");
+  const auto config = lt::test::write_tiny_config(root, "rep", 4, "", "        simulate_vram: 0\n",
+                                                  "      sample:\n        sample_every: 2\n        width: 64\n        height: 64\n"
+                                                  "        sample_steps: 2\n        sampler: ddim\n        prompts: [\"a red circle\"]\n");
+  lt::train::RunRequest request;
+  request.config_path = config;
+  request.overrides = {"train.disable_sampling=false", "save.save_every=2"};
+  request.stop_after_steps = 3;
+  auto interrupted = lt::train::run_training(request);
+  CATCH_REQUIRE(interrupted.exit_code == 130);
+  const fs::path run = root / "rep";
+  std::string page = lt::test::read_file(run / "report.html");
+  CATCH_CHECK(page.find("http-equiv=\"refresh\"") == std::string::npos);
+  CATCH_CHECK_THAT(page, Catch::Contains("interrupted (exit 130)"));
+  CATCH_CHECK_THAT(page, Catch::Contains("step 3 of 4"));
+
+  request.stop_after_steps.reset();
+  CATCH_REQUIRE(lt::train::run_training(request).exit_code == 0);
+  page = lt::test::read_file(run / "report.html");
+  CATCH_CHECK_THAT(page, Catch::Contains("completed (exit 0)"));
+  CATCH_CHECK(page.find("http-equiv") == std::string::npos);
+  CATCH_CHECK(count(page, "<path class=\"loss\"") == 1);
+  CATCH_CHECK(count(page, "<path class=\"lr\"") == 1);
+  CATCH_CHECK(count(page, "<rect class=\"mem-peak\"") >= 3);  // load, cache, train_step, sample, save
+  CATCH_CHECK_THAT(page, Catch::Contains("src=\"samples/grid_000000000.png\""));
+  CATCH_CHECK_THAT(page, Catch::Contains("src=\"samples/grid_000000004.png\""));
+  CATCH_CHECK_THAT(page, Catch::Contains("name: rep"));  // config.yaml
 }
