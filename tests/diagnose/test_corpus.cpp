@@ -66,7 +66,10 @@ CATCH_TEST_CASE("corpus: OOM verdicts come with fixes, look-alikes with advice",
   for (const fs::path& log : corpus_logs()) {
     CATCH_INFO("log: " << log.filename().string());
     Diagnosis d = diagnose_path(log.string());
-    if (d.oom) {
+    if (d.recovered) {
+      CATCH_CHECK(d.fixes.empty());
+      CATCH_CHECK_FALSE(d.notes.empty());
+    } else if (d.oom) {
       CATCH_CHECK_FALSE(d.fixes.empty());
       CATCH_CHECK_FALSE(d.evidence.empty());
       CATCH_CHECK(d.phase != Phase::kUnknown);
