@@ -160,40 +160,35 @@ void LogAnalyzer::feed(const LogLine& line) {
 
   const std::string_view body = strip_prefix(text);
   const std::string_view body_low = low.substr(low.size() - body.size());
+  // Rich-style consoles (ComfyUI, kohya) indent everything, other loggers lose the indentation:
+  // the traceback's structure is read from the trimmed text and the frame/code alternation.
+  const size_t indent = std::min(body.find_first_not_of(' '), body.size());
+  const std::string_view trimmed = body.substr(indent);
+  const std::string_view trimmed_low = body_low.substr(indent);
+  const bool is_exception = !exception_class(trimmed).empty();
+  const bool frame_line = st.in_traceback && starts_with(trimmed_low, "file \"");
 
-  // The source line under a frame ("    vae.to(accelerator.device, dtype=weight_dtype)").
-  bool code_line = false;
-  if (st.in_traceback && st.expect_code_line) {
+  bool traceback_end = false;
+  if (st.in_traceback && !frame_line && !trimmed.empty()) {
+    const bool expecting_code = st.expect_code_line;
     st.expect_code_line = false;
-    size_t i = 0;
-    while (i < body_low.size() && body_low[i] == ' ') ++i;
-    if (i > 0 && i < body_low.size() && !starts_with(body_low.substr(i), "file \"") && !st.frames.empty()) {
-      st.frames.back().code = snippet(body_low.substr(i), 200);
-      code_line = true;
+    const bool carets = trimmed_low.find_first_not_of("^~ ") == std::string_view::npos;
+    const bool chained = starts_with(trimmed_low, "during handling of the above") ||
+                         starts_with(trimmed_low, "the above exception");
+    if (expecting_code && !is_exception && !chained && !contains(trimmed_low, "traceback (most recent call last)")) {
+      // The source line under a frame ("    vae.to(accelerator.device, dtype=weight_dtype)").
+      if (!st.frames.empty()) st.frames.back().code = snippet(trimmed_low, 200);
+    } else if (!carets && !chained) {
+      // The exception line, or any line back at the margin, ends the traceback.
+      traceback_end = is_exception || (indent == 0 && !contains(trimmed_low, "traceback (most recent call last)"));
     }
   }
   if (nhits == 0) {
-    if (st.in_traceback && !code_line && !body.empty() && body[0] != ' ') st.in_traceback = false;
+    if (traceback_end) st.in_traceback = false;
     return;
   }
-
-  const bool is_exception = !exception_class(body).empty();
-  const bool error_level = is_error_level(low, body_low);
+  const bool error_level = is_error_level(low, trimmed_low);
   const bool fatal_line = is_exception || error_level;
-
-  // Traceback bookkeeping first: whether this line is a frame, starts one, or ends one.
-  bool frame_line = false;
-  bool traceback_start = false;
-  for (int h = 0; h < nhits; ++h) {
-    const Keyword& k = m.keyword(hits[h].id);
-    if (k.table != static_cast<uint8_t>(Table::kLineFormat)) continue;
-    const LineFormat f = line_format_keywords()[k.row].format;
-    if (f == LineFormat::kTracebackStart) traceback_start = true;
-    if (f == LineFormat::kFrame && st.in_traceback) frame_line = true;
-  }
-  const bool traceback_end = st.in_traceback && !frame_line && !traceback_start && !code_line && !body.empty() &&
-                             body[0] != ' ' && !contains(low, "during handling of the above") &&
-                             !contains(low, "the above exception");
   // Inside a traceback, paths and code mention "quantize", "sample", "load_model"...: the activity
   // there comes from the frames, not from activity lines.
   const bool tb_body = st.in_traceback && !traceback_end;
@@ -231,6 +226,7 @@ void LogAnalyzer::feed(const LogLine& line) {
           st.counted[hits[h].id] = true;
           const TrainerMarker& t = trainer_markers()[k.row];
           st.identity.trainer[static_cast<int>(t.trainer)] += t.weight;
+          if (t.kohya_gui) st.identity.kohya_gui = true;
         }
         if (k.text == "kohya" && (contains(low, "kohya_ss") || contains(low, "kohya_gui"))) st.identity.kohya_gui = true;
         break;
@@ -326,7 +322,7 @@ void LogAnalyzer::feed(const LogLine& line) {
       ++r.fatal_count;
       r.last_fatal.set(st.seq, line.number, text);
     }
-    if (traceback_end || (st.in_traceback && is_exception)) r.frames = st.frames;
+    if (traceback_end) r.frames = st.frames;
   }
   if (traceback_end) st.in_traceback = false;
 }

@@ -116,6 +116,8 @@ Fix gc_fix(const Ctx& c, bool with_resolution) {
     case Vocab::kDiffusionPipe: f.setting = "activation_checkpointing = true"; break;
     case Vocab::kOneTrainer: f.setting = "\"gradient_checkpointing\": \"ON\" (training tab: Gradient checkpointing ON)"; break;
     case Vocab::kComfyUI: f.setting = "training node input gradient_checkpointing = true"; break;
+    // x-flux: src/flux/model.py supports it, train_flux_lora_deepspeed.py never turns it on.
+    case Vocab::kXFlux: f.setting = "dit.gradient_checkpointing = True after get_models() in train_flux_lora_deepspeed.py (no config key)"; break;
     default: f.setting = "train.gradient_checkpointing: true"; break;
   }
   f.description = "Recompute activations in the backward pass instead of storing them (-60..70% activation memory, "
@@ -341,8 +343,7 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
   Ctx c{d, vocab_for(d.trainer), s, d.kind == ModelKind::kVideo, is_dit(d.family)};
 
   // What the log shows is already done (playbook §3: skip it).
-  // x-flux (train_flux_lora_deepspeed.py) has no gradient checkpointing option to turn on.
-  const bool gc_done = s.gradient_checkpointing.value_or(false) || c.v == Vocab::kXFlux;
+  const bool gc_done = s.gradient_checkpointing.value_or(false);
   const bool batch_done = s.batch_size && *s.batch_size <= 1;
   const bool bucket_done = s.max_resolution && *s.max_resolution <= 512;
   const bool frames_done = s.num_frames && *s.num_frames <= 1;

@@ -31,6 +31,13 @@ const std::vector<TrainerMarker>& trainer_markers() {
       {"\xe5\xad\xa6\xe7\xbf\x92\xe9\x96\x8b\xe5\xa7\x8b", T::kKohya, 2},  // 学習開始
       {"network_module", T::kKohya, 2}, {"--network_dim", T::kKohya, 2}, {"enable lora for u-net", T::kKohya, 2},
       {"create lora network", T::kKohya, 2},
+      // kohya_ss GUI: setup/setup_common.py and setup/validate_requirements.py start-up banner
+      // ("Kohya_ss GUI version", "Torch detected GPU: ...", "Verifying modules from ...", older
+      // releases "Verifying modules instalation status from ..."), kohya_gui/lora_gui.py's saved
+      // config keys ("LoRA_type", "LyCORIS_preset").
+      {"kohya_ss gui version", T::kKohya, 5, true}, {"torch detected gpu:", T::kKohya, 5, true},
+      {"verifying modules", T::kKohya, 3, true}, {"instalation status", T::kKohya, 3, true},
+      {"lycoris_preset", T::kKohya, 5, true}, {"\"lora_type\"", T::kKohya, 3, true},
       // musubi-tuner: src/musubi_tuner/*_train_network.py, *_cache_*.py, networks/lora_*.py. It prints
       // sd-scripts' messages too, so its own markers weigh more.
       {"musubi", T::kMusubi, 20}, {"hv_train_network", T::kMusubi, 20}, {"wan_train_network", T::kMusubi, 20},

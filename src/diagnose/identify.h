@@ -12,6 +12,7 @@ struct TrainerMarker {
   const char* text;  // lowercase
   Trainer trainer;
   int weight;        // how specific the marker is
+  bool kohya_gui = false;  // written by the kohya_ss GUI around sd-scripts
 };
 const std::vector<TrainerMarker>& trainer_markers();
 

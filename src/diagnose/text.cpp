@@ -85,6 +85,16 @@ std::string_view strip_prefix(std::string_view s) {
       while (i < s.size() && (s[i] == ' ' || s[i] == '|' || s[i] == '-')) ++i;
       s.remove_prefix(i);
     }
+    // "[INFO] " / "[WARNING] " (fluxgym, many GUIs) go; "[ERROR]" lines stay recognisable through
+    // the caller's own check of the whole line.
+    for (const char* lvl : {"[INFO]", "[WARNING]", "[WARN]", "[DEBUG]", "[ERROR]", "[CRITICAL]"}) {
+      const size_t n = std::strlen(lvl);
+      if (s.size() > n && s.compare(0, n, lvl) == 0) {
+        s.remove_prefix(n);
+        if (!s.empty() && s[0] == ' ') s.remove_prefix(1);
+        break;
+      }
+    }
     for (const char* lvl : {"INFO", "WARNING", "WARN", "ERROR", "DEBUG", "CRITICAL"}) {
       const size_t n = std::strlen(lvl);
       if (s.size() > n && s.compare(0, n, lvl) == 0 && (s[n] == ':' || s[n] == ' ' || s[n] == ']')) {

@@ -132,7 +132,9 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
                          "memory (.wslconfig memory=); the training settings are not the problem.");
     return;
   }
-  if (mm.other_processes && *mm.other_processes >= std::max<int64_t>(2 * kGiB, total / 10)) {
+  // Others holding a little while this run's tensors fill the card (a desktop, a CUDA context) do
+  // not make it the environment.
+  if (mm.other_processes && *mm.other_processes >= std::max<int64_t>(2 * kGiB, total / 10) && !ours_fill_it) {
     note_environment(d, "other_processes", kEnvironmentByNumbersConfidence,
                      "Other processes hold " + format_bytes(*mm.other_processes) +
                          " of this GPU: free it (nvidia-smi shows who) before retrying.");
