@@ -156,7 +156,7 @@ void add_evidence(const AnalyzerState& st, const CauseRecord* decisive, const Ph
     else if (d.stage != Stage::kUnknown) m = &a.marker(d.stage);
     if (m) add(*m, std::string("phase: ") + stage_name(d.stage));
   }
-  if (p.frames.frame && p.frames.strength == Strength::kStrong && !p.from_guard)
+  if (p.frames.stage != Stage::kUnknown && p.frames.strength == Strength::kStrong && !p.from_guard)
     d.evidence.push_back({0, "traceback: " + p.frames.why, "phase from traceback"});
   // Log lines in order; the traceback summary (line 0) last.
   std::stable_sort(d.evidence.begin(), d.evidence.end(), [](const Evidence& a, const Evidence& b) {

@@ -561,6 +561,24 @@ bool frame_matches(const FrameRule& r, const Frame& f) {
   return !r.file || contains(f.file, r.file);
 }
 
+// The functions a source line calls ("images = log_validation(" -> log_validation): when a paste
+// drops inner frames, the call in the last frame kept still names the next one.
+std::vector<Frame> callees_of(const std::vector<Frame>& frames) {
+  std::vector<Frame> out;
+  for (const Frame& f : frames) {
+    const std::string& c = f.code;
+    for (size_t open = c.find('('); open != std::string::npos; open = c.find('(', open + 1)) {
+      size_t b = open;
+      while (b > 0 && is_word(c[b - 1])) --b;
+      if (b == open || is_digit(c[b])) continue;
+      Frame callee;
+      callee.func = c.substr(b, open - b);
+      if (out.size() < 64) out.push_back(std::move(callee));
+    }
+  }
+  return out;
+}
+
 // Stages in the order a traceback decides them: a preview or a training step anywhere in the stack
 // is what was running, even when loading or caching functions are called from inside it.
 constexpr Stage kPriority[] = {S::kBaselineSample, S::kSampling, S::kTrainingStep, S::kCaching, S::kQuantize,
@@ -570,6 +588,7 @@ constexpr Stage kPriority[] = {S::kBaselineSample, S::kSampling, S::kTrainingSte
 
 FrameVerdict stage_from_frames(const std::vector<Frame>& frames) {
   FrameVerdict v;
+  const std::vector<Frame> callees = callees_of(frames);
   for (Strength strength : {Strength::kStrong, Strength::kWeak}) {
     for (Stage stage : kPriority) {
       for (const FrameRule& r : frame_rules()) {
@@ -585,6 +604,14 @@ FrameVerdict stage_from_frames(const std::vector<Frame>& frames) {
         for (const Frame& f : frames) {
           if (!contains(f.code, r.text)) continue;
           v = {stage, strength, &f, std::string("calls ") + r.text + " (" + f.file + ")"};
+          return v;
+        }
+      }
+      for (const FrameRule& r : frame_rules()) {
+        if (r.stage != stage || r.strength != strength || r.file) continue;  // a callee's file is unknown
+        for (size_t i = 0; i < callees.size(); ++i) {
+          if (!frame_matches(r, callees[i])) continue;
+          v = {stage, strength, nullptr, "calls " + callees[i].func + "()"};
           return v;
         }
       }
