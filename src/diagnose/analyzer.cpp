@@ -106,6 +106,14 @@ const KeywordMatcher& matcher() {
   return m;
 }
 
+// A traceback that ends on a line of no cause belongs to the failure printed just before it
+// (rich consoles and ComfyUI's error report print the message first, the stack after).
+void attach_frames_to_earlier_failure(AnalyzerState& st) {
+  for (CauseRecord& r : st.causes)
+    if (r.last.seen() && r.last.seq >= st.traceback_seq - 4 && r.last.seq < st.traceback_seq && !r.has_frames())
+      r.frames = st.frames;
+}
+
 bool is_error_level(std::string_view low, std::string_view body_low) {
   for (std::string_view p : {"error", "[error]", "critical", "fatal"})
     if (starts_with(body_low, p)) return true;
@@ -184,7 +192,10 @@ void LogAnalyzer::feed(const LogLine& line) {
     }
   }
   if (nhits == 0) {
-    if (traceback_end) st.in_traceback = false;
+    if (traceback_end) {
+      attach_frames_to_earlier_failure(st);
+      st.in_traceback = false;
+    }
     return;
   }
   const bool error_level = is_error_level(low, trimmed_low);
@@ -249,10 +260,18 @@ void LogAnalyzer::feed(const LogLine& line) {
           case LineFormat::kTracebackStart:
             st.in_traceback = true;
             st.expect_code_line = false;
+            st.traceback_seq = st.seq;
             st.frames.clear();
             break;
           case LineFormat::kChainedException: st.in_traceback = false; break;
           case LineFormat::kFrame:
+            // A stack pasted without its "Traceback" header (ComfyUI's error report) starts at its
+            // first frame.
+            if (!st.in_traceback && starts_with(trimmed_low, "file \"") && contains(trimmed_low, "\", line ")) {
+              st.in_traceback = true;
+              st.traceback_seq = st.seq;
+              st.frames.clear();
+            }
             if (st.in_traceback) parse_frame_line(st, low, text, end);
             break;
           case LineFormat::kProgressRate:
@@ -324,7 +343,10 @@ void LogAnalyzer::feed(const LogLine& line) {
     }
     if (traceback_end) r.frames = st.frames;
   }
-  if (traceback_end) st.in_traceback = false;
+  if (traceback_end) {
+    if (!any_cause && !line_cause[static_cast<int>(Cause::kOther)]) attach_frames_to_earlier_failure(st);
+    st.in_traceback = false;
+  }
 }
 
 Diagnosis LogAnalyzer::finish(int64_t bytes) const {

@@ -110,6 +110,7 @@ struct AnalyzerState {
   // The traceback being read.
   bool in_traceback = false;
   bool expect_code_line = false;      // the line after a frame is its source line
+  int64_t traceback_seq = -1;         // where the traceback being read began
   std::vector<Frame> frames;
   MemoryLog mem;
   Settings settings;

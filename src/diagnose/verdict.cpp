@@ -80,10 +80,20 @@ const CauseRecord* decide_cause(const AnalyzerState& st, Diagnosis& d) {
   return decisive;
 }
 
+// PyTorch (c10/cuda/CUDACachingAllocator.cpp) lists every process on the card: the others as
+// "Process N has X memory in use", its own as "this process has X memory in use".
+namespace {
+bool others_listed(const MemoryLog& mem) { return !mem.process_uses.empty() && mem.numbers.process_in_use.has_value(); }
+}  // namespace
+
 MemoryNumbers memory_numbers(const MemoryLog& mem) {
   MemoryNumbers m = mem.numbers;
-  if (!mem.process_uses.empty()) {
-    // Ours is the process whose use is closest to what PyTorch holds; the rest are others.
+  if (others_listed(mem)) {
+    int64_t sum = 0;
+    for (int64_t u : mem.process_uses) sum += u;
+    m.other_processes = sum;
+  } else if (!mem.process_uses.empty()) {
+    // Without "this process has": ours is the process whose use is closest to what PyTorch holds.
     const int64_t ours_estimate = m.allocated_by_pytorch.value_or(0) + m.reserved_unallocated.value_or(0);
     int64_t sum = 0;
     int64_t ours = mem.process_uses[0];
@@ -92,7 +102,7 @@ MemoryNumbers memory_numbers(const MemoryLog& mem) {
       if (std::llabs(u - ours_estimate) < std::llabs(ours - ours_estimate)) ours = u;
     }
     if (mem.process_uses.size() >= 2) m.other_processes = sum - ours;
-    if (!m.process_in_use && mem.process_uses.size() == 1) m.process_in_use = ours;
+    if (mem.process_uses.size() == 1) m.process_in_use = ours;
   } else if (m.total && m.free && m.process_in_use) {
     const int64_t others = *m.total - *m.free - *m.process_in_use;
     if (others >= 256 * kMiB) m.other_processes = others;  // below that: driver/context noise
@@ -132,9 +142,13 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
                          "memory (.wslconfig memory=); the training settings are not the problem.");
     return;
   }
-  // Others holding a little while this run's tensors fill the card (a desktop, a CUDA context) do
-  // not make it the environment.
-  if (mm.other_processes && *mm.other_processes >= std::max<int64_t>(2 * kGiB, total / 10) && !ours_fill_it) {
+  // Processes the message names are other programs on the card; memory only inferred as "not
+  // this process" (total - free - ours) includes the desktop and driver, so it counts only when it
+  // is large and this run's tensors do not fill the card anyway.
+  const bool listed = others_listed(st.mem) && mm.other_processes && *mm.other_processes >= 512 * kMiB;
+  const bool inferred = !others_listed(st.mem) && mm.other_processes &&
+                        *mm.other_processes >= std::max<int64_t>(2 * kGiB, total / 10) && !ours_fill_it;
+  if (listed || inferred) {
     note_environment(d, "other_processes", kEnvironmentByNumbersConfidence,
                      "Other processes hold " + format_bytes(*mm.other_processes) +
                          " of this GPU: free it (nvidia-smi shows who) before retrying.");
