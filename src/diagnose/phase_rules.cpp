@@ -339,6 +339,9 @@ const std::vector<FrameRule>& frame_rules() {
       // x-flux: src/flux/xflux_pipeline.py XFluxSampler (__call__, forward).
       {"__call__", N::kExact, S::kSampling, strong, "xflux_pipeline"},
       {"forward", N::kExact, S::kSampling, strong, "xflux_pipeline"},
+      // diffusers: pipelines/*/pipeline_*.py DiffusionPipeline.__call__ (previews of the example
+      // scripts, AI Toolkit's and SimpleTuner's validation pipelines).
+      {"__call__", N::kExact, S::kSampling, strong, "pipeline_"},
       // Generic names.
       {"generate_image", N::kExact, S::kSampling},
       {"do_sample", N::kExact, S::kSampling},

@@ -220,7 +220,6 @@ const std::vector<Signature>& signatures() {
       {"nvidia-smi has failed", C::kGpuFault},
       {"device-side assert", C::kGpuFault, O::kNone, on_error_line},
       {"cuda error: launch failure", C::kGpuFault},
-      {"cublas_status_execution_failed", C::kGpuFault},
       {"cublas_status_internal_error", C::kGpuFault},
 
       // ---- missing or unreadable files (on error lines only) ----
