@@ -387,6 +387,13 @@ const std::vector<FrameRule>& frame_rules() {
       // torch: the backward pass (torch/_tensor.py backward, torch/autograd/__init__.py backward),
       // accelerate's Accelerator.backward().
       {"backward", N::kContains, S::kTrainingStep},
+      // torch: torch/optim/adamw.py and adam.py (_single_tensor_adamw, _multi_tensor_adamw,
+      // _fused_adamw: the optimizer state is allocated on the first step); accelerate:
+      // optimizer.py AcceleratedOptimizer.step(); bitsandbytes: optim/optimizer.py step().
+      {"_single_tensor_adam", N::kContains, S::kTrainingStep},
+      {"_multi_tensor_adam", N::kContains, S::kTrainingStep},
+      {"_fused_adam", N::kContains, S::kTrainingStep},
+      {"step", N::kExact, S::kTrainingStep, strong, "optimizer"},
       // Generic names.
       {"training_step", N::kExact, S::kTrainingStep},
       {"train_step", N::kContains, S::kTrainingStep},

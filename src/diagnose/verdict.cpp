@@ -132,6 +132,15 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
                      "start-up check): free it before retrying.");
     return;
   }
+  // torch/cuda/__init__.py _lazy_init(): creating the CUDA context failed, before this run
+  // allocated anything: the card is full of something else.
+  if (decisive && std::any_of(decisive->frames.begin(), decisive->frames.end(),
+                              [](const Frame& f) { return f.func == "_lazy_init"; })) {
+    note_environment(d, "cuda_context", kEnvironmentByNumbersConfidence,
+                     "The CUDA context could not be created for lack of GPU memory, before this run allocated "
+                     "anything: another process holds the GPU. Free it or use another GPU.");
+    return;
+  }
   // torch/utils/data/_utils/pin_memory.py ("in pin memory thread"), cudaHostAlloc: the failing
   // allocation was page-locked host memory, which WSL and Windows cap far below the RAM size.
   if (st.env.pinned_memory) {

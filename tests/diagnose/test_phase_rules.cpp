@@ -56,6 +56,15 @@ CATCH_TEST_CASE("traceback functions of each trainer decide the phase", "[diagno
                                kOom);
   CATCH_CHECK(ot.phase == Phase::kSampling);
 
+  // The optimizer state appears on the first step (torch/optim/adamw.py).
+  Diagnosis opt = diagnose_text(traceback({{"/sd-scripts/train_network.py\", line 1100, in train", "optimizer.step()"},
+                                           {"/py/accelerate/optimizer.py\", line 170, in step", "self.optimizer.step(closure)"},
+                                           {"/py/torch/optim/adamw.py\", line 480, in _multi_tensor_adamw",
+                                            "exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)"}}) +
+                                kOom);
+  CATCH_CHECK(opt.stage == Stage::kTrainingStep);
+  CATCH_CHECK(opt.step == 1);
+
   // AI Toolkit: a preview at step 250 (generate_single_image of a diffusion model extension).
   Diagnosis ait = diagnose_text("my_lora:  12%|#2        | 250/2000 [10:00<1:00:00, 2.1s/it, lr: 1.0e-04 loss: 3.495e-01]\n" +
                                 traceback({{"/ai-toolkit/jobs/process/BaseSDTrainProcess.py\", line 2340, in run",
@@ -131,6 +140,13 @@ CATCH_TEST_CASE("environment failures are not read as training failures", "[diag
       "23.65 GiB of which 100.00 MiB is free.\n");
   CATCH_CHECK(rank.phase == Phase::kEnvironment);
   CATCH_CHECK(rank.environment == "one_rank");
+
+  // The CUDA context itself could not be created.
+  Diagnosis ctx = diagnose_text(traceback({{"/ex/train.py\", line 30, in main", "x = torch.zeros(1).cuda()"},
+                                           {"/py/torch/cuda/__init__.py\", line 319, in _lazy_init", "torch._C._cuda_init()"}}) +
+                                "RuntimeError: CUDA error: out of memory\n");
+  CATCH_CHECK(ctx.phase == Phase::kEnvironment);
+  CATCH_CHECK(ctx.environment == "cuda_context");
 
   // Every rank out of memory: the config.
   Diagnosis all = diagnose_text(

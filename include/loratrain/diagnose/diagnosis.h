@@ -147,7 +147,7 @@ struct Diagnosis {
   std::vector<Evidence> evidence;
   std::vector<Fix> fixes;
   std::vector<std::string> notes;  // extra advice (step-1 rule, environment, host RAM...)
-  // Why the phase is `environment` (stable ids: other_processes, little_pytorch, free_but_failed,
+  // Why the phase is `environment` (stable ids: cuda_context, other_processes, little_pytorch, free_but_failed,
   // pinned_memory, one_rank, full_before_training, cublas_before_training, guard); "" otherwise.
   std::string environment;
   bool recovered = false;       // the OOMs were handled and the run finished: no fixes, see recovery
