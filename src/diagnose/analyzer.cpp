@@ -114,6 +114,38 @@ void attach_frames_to_earlier_failure(AnalyzerState& st) {
       r.frames = st.frames;
 }
 
+// The line's place in a traceback. Rich-style consoles (ComfyUI, kohya) indent everything, other
+// loggers lose the indentation: the structure is read from the trimmed text and the alternation of
+// frame and source lines.
+struct LineShape {
+  std::string_view trimmed_low;  // lowercase, without log prefixes and indentation
+  bool exception = false;        // "XxxError: ..." once trimmed
+  bool ends_traceback = false;   // the exception line, or a line back at the margin
+};
+
+LineShape read_line_shape(AnalyzerState& st, std::string_view text, std::string_view low) {
+  const std::string_view body = strip_prefix(text);
+  const std::string_view body_low = low.substr(low.size() - body.size());
+  const size_t indent = std::min(body.find_first_not_of(' '), body.size());
+  LineShape shape;
+  shape.trimmed_low = body_low.substr(indent);
+  shape.exception = !exception_class(body.substr(indent)).empty();
+  const std::string_view t = shape.trimmed_low;
+  if (!st.in_traceback || t.empty() || starts_with(t, "file \"")) return shape;
+  const bool expecting_code = st.expect_code_line;
+  st.expect_code_line = false;
+  const bool carets = t.find_first_not_of("^~ ") == std::string_view::npos;
+  const bool chained = starts_with(t, "during handling of the above") || starts_with(t, "the above exception");
+  const bool restart = contains(t, "traceback (most recent call last)");
+  if (expecting_code && !shape.exception && !chained && !restart) {
+    // The source line under a frame ("    vae.to(accelerator.device, dtype=weight_dtype)").
+    if (!st.frames.empty()) st.frames.back().code = snippet(t, 200);
+  } else if (!carets && !chained) {
+    shape.ends_traceback = shape.exception || (indent == 0 && !restart);
+  }
+  return shape;
+}
+
 bool is_error_level(std::string_view low, std::string_view body_low) {
   for (std::string_view p : {"error", "[error]", "critical", "fatal"})
     if (starts_with(body_low, p)) return true;
@@ -166,31 +198,10 @@ void LogAnalyzer::feed(const LogLine& line) {
     if (nhits < 64) hits[nhits++] = {static_cast<uint16_t>(id), static_cast<uint32_t>(pos)};
   });
 
-  const std::string_view body = strip_prefix(text);
-  const std::string_view body_low = low.substr(low.size() - body.size());
-  // Rich-style consoles (ComfyUI, kohya) indent everything, other loggers lose the indentation:
-  // the traceback's structure is read from the trimmed text and the frame/code alternation.
-  const size_t indent = std::min(body.find_first_not_of(' '), body.size());
-  const std::string_view trimmed = body.substr(indent);
-  const std::string_view trimmed_low = body_low.substr(indent);
-  const bool is_exception = !exception_class(trimmed).empty();
-  const bool frame_line = st.in_traceback && starts_with(trimmed_low, "file \"");
-
-  bool traceback_end = false;
-  if (st.in_traceback && !frame_line && !trimmed.empty()) {
-    const bool expecting_code = st.expect_code_line;
-    st.expect_code_line = false;
-    const bool carets = trimmed_low.find_first_not_of("^~ ") == std::string_view::npos;
-    const bool chained = starts_with(trimmed_low, "during handling of the above") ||
-                         starts_with(trimmed_low, "the above exception");
-    if (expecting_code && !is_exception && !chained && !contains(trimmed_low, "traceback (most recent call last)")) {
-      // The source line under a frame ("    vae.to(accelerator.device, dtype=weight_dtype)").
-      if (!st.frames.empty()) st.frames.back().code = snippet(trimmed_low, 200);
-    } else if (!carets && !chained) {
-      // The exception line, or any line back at the margin, ends the traceback.
-      traceback_end = is_exception || (indent == 0 && !contains(trimmed_low, "traceback (most recent call last)"));
-    }
-  }
+  const LineShape shape = read_line_shape(st, text, low);
+  const bool is_exception = shape.exception;
+  const bool traceback_end = shape.ends_traceback;
+  const std::string_view trimmed_low = shape.trimmed_low;
   if (nhits == 0) {
     if (traceback_end) {
       attach_frames_to_earlier_failure(st);
