@@ -44,6 +44,7 @@ enum class LineFormat : uint16_t {
   kPinnedMemory,     // the failing allocation was pinned host memory
   kWsl,              // Windows Subsystem for Linux
   kRank,             // a rank prefix or a rank in a failure summary
+  kLauncherChild,    // a launcher stopping one of its processes (one per rank)
   kErrorWord,        // "error", "exception", ...: makes a line of no other keyword an error candidate
 };
 
@@ -80,6 +81,7 @@ const std::vector<LineFormatKeyword>& line_format_keywords() {
       {"cachinghostallocator", F::kPinnedMemory},
       {"microsoft-standard-wsl", F::kWsl}, {"wsl2", F::kWsl}, {"/mnt/c/", F::kWsl}, {"\\\\wsl", F::kWsl},
       {"[rank", F::kRank}, {"local_rank", F::kRank},
+      {"killing subprocess", F::kLauncherChild},  // deepspeed/launcher/launch.py sigkill_handler()
       {"error", F::kErrorWord}, {"exception", F::kErrorWord}, {"fatal", F::kErrorWord}, {"failed", F::kErrorWord},
       {"abort", F::kErrorWord},
   };
@@ -307,6 +309,9 @@ void LogAnalyzer::feed(const LogLine& line) {
           case LineFormat::kPinnedMemory: pinned_hint = fatal_line || st.in_traceback; break;
           case LineFormat::kWsl: st.env.wsl = true; break;
           case LineFormat::kRank: rank = rank_of_line(low); break;
+          case LineFormat::kLauncherChild:
+            if (st.env.launcher_children < 64) ++st.env.launcher_children;
+            break;
           case LineFormat::kErrorWord: break;
         }
         break;
@@ -315,7 +320,10 @@ void LogAnalyzer::feed(const LogLine& line) {
   if (contains(low, "gui") && contains(low, "kohya")) st.identity.kohya_gui = true;
   if (memory_line) parse_allocator_message(st.mem, st.env, st.seq, low);
   if (bucket_line) parse_bucket_line(st.settings, low);
-  if (rank >= 0) st.env.ranks_seen |= uint64_t(1) << rank;
+  if (rank >= 0) {
+    st.env.ranks_seen |= uint64_t(1) << rank;
+    st.env.highest_rank = std::max(st.env.highest_rank, rank);
+  }
 
   if (oom_hard || oom_weak || oom_recovered) {
     line_cause[static_cast<int>(Cause::kGpuOom)] = true;

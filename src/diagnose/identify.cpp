@@ -31,6 +31,12 @@ const std::vector<TrainerMarker>& trainer_markers() {
       {"\xe5\xad\xa6\xe7\xbf\x92\xe9\x96\x8b\xe5\xa7\x8b", T::kKohya, 2},  // 学習開始
       {"network_module", T::kKohya, 2}, {"--network_dim", T::kKohya, 2}, {"enable lora for u-net", T::kKohya, 2},
       {"create lora network", T::kKohya, 2},
+      // sd-scripts: library/train_util.py dataset preparation and load_target_model(),
+      // library/sdxl_model_util.py; colab wrappers call it as train_network_wrapper.py.
+      {"make buckets", T::kKohya, 2}, {"mean ar error (without repeats)", T::kKohya, 2},
+      {"number of images (including repeats)", T::kKohya, 2}, {"loading model for process", T::kKohya, 2},
+      {"noise_offset is set to", T::kKohya, 2}, {"building text encoders", T::kKohya, 2},
+      {"loading u-net from checkpoint", T::kKohya, 2}, {"train_network_wrapper", T::kKohya, 5},
       // kohya_ss GUI: setup/setup_common.py and setup/validate_requirements.py start-up banner
       // ("Kohya_ss GUI version", "Torch detected GPU: ...", "Verifying modules from ...", older
       // releases "Verifying modules instalation status from ..."), kohya_gui/lora_gui.py's saved

@@ -147,9 +147,12 @@ void parse_progress_bar(AnalyzerState& st, std::string_view low, std::string_vie
     }
     return record_training_progress(st, bar->n, bar->total, line, text);
   }
-  // An unnamed long bar is a training loop; a short unnamed one belongs to whatever activity is
-  // under way (sampling steps, caching batches) and changes nothing.
-  if (has_loss || (!d.empty() && bar->total >= 50)) record_training_progress(st, bar->n, bar->total, line, text);
+  // A named long bar is a training loop, and so is an unnamed one of hundreds of steps once the
+  // loop has begun (StableCascade's step bar has no name; previews count tens of steps). A short
+  // unnamed bar belongs to whatever activity is under way and changes nothing.
+  const bool loop_begun = a.marker(Stage::kTrainingStep).seen();
+  if (has_loss || (!d.empty() && bar->total >= 50) || (d.empty() && loop_begun && bar->total >= 200))
+    record_training_progress(st, bar->n, bar->total, line, text);
 }
 
 void parse_step_line(AnalyzerState& st, std::string_view low, size_t pos, size_t end, std::string_view text,

@@ -142,6 +142,12 @@ const std::vector<ActivityMessage>& activity_messages() {
       {"sampling images for step", S::kSampling},
       {"is generated", S::kSampling},  // "Result for prompt #0 is generated"
 
+      // ---- StableCascade ----
+      // StableCascade: core/__init__.py "**TRAINING STARTING...**"; train/base.py and
+      // core/templates/diffusion.py train(): "STARTING AT STEP: N/M", then an unnamed step bar.
+      {"training starting", S::kTrainingStep},
+      {"starting at step:", S::kTrainingStep},
+
       // ---- lora-train ----
       // lora-train: src/train/trainer.cpp run(): "training 1000 steps from step 1; memory settings: ...".
       {" steps from step", S::kTrainingStep, true, true},
@@ -394,6 +400,8 @@ const std::vector<FrameRule>& frame_rules() {
       {"_multi_tensor_adam", N::kContains, S::kTrainingStep},
       {"_fused_adam", N::kContains, S::kTrainingStep},
       {"step", N::kExact, S::kTrainingStep, strong, "optimizer"},
+      // StableCascade: train/base.py and core/templates/diffusion.py forward_pass().
+      {"forward_pass", N::kExact, S::kTrainingStep},
       // Generic names.
       {"training_step", N::kExact, S::kTrainingStep},
       {"train_step", N::kContains, S::kTrainingStep},

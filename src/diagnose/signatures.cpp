@@ -37,6 +37,10 @@ bool memory_error_word(const LineFacts& f) {
 
 bool not_about_a_worker(const LineFacts& f) { return !contains(f.low, "worker"); }
 
+// deepspeed/launcher/launch.py sigkill_handler() ("Killing subprocess N") stops the other ranks
+// after one failed: the launcher's doing, not the kernel's OOM killer.
+bool not_the_launcher(const LineFacts& f) { return !contains(f.low, "sigkill_handler"); }
+
 bool host_memory_failure(const LineFacts& f) {
   return f.fatal() || contains(f.low, "too small") || contains(f.low, "out of memory");
 }
@@ -154,7 +158,7 @@ const std::vector<Signature>& signatures() {
       {"oom-killer", C::kHostOom},
       {"memoryerror", C::kHostOom, O::kNone, memory_error_word},
       {"unable to allocate", C::kHostOom, O::kNone, numpy_allocation},
-      {"sigkill", C::kHostOom},
+      {"sigkill", C::kHostOom, O::kNone, not_the_launcher},
       {"signal 9", C::kHostOom, O::kNone, not_about_a_worker},
       {"not enough memory: you tried", C::kHostOom},
       {"out of host memory", C::kHostOom},
@@ -255,6 +259,11 @@ const std::vector<Signature>& signatures() {
       {"model not found", C::kMissingFile, O::kNone, on_error_line},
       {"path not found", C::kMissingFile, O::kNone, on_error_line},
       {"no such file", C::kMissingFile, O::kNone, on_error_line},
+
+      // ---- crashes without a Python error: Windows NTSTATUS exit codes of the training process ----
+      {"3221225477", C::kOther},   // 0xC0000005 access violation (also printed as -1073741819)
+      {"-1073741819", C::kOther},
+      {"3221225725", C::kOther},   // 0xC00000FD stack overflow
 
       // ---- package / model version mismatches (on error lines only) ----
       {"modulenotfounderror", C::kVersionMismatch, O::kNone, exception_or_error},

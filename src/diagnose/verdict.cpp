@@ -183,7 +183,9 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
     return;
   }
   // One rank of a data-parallel job ran out while the others, doing the same work, did not.
-  const int ranks = static_cast<int>(std::bitset<64>(st.env.ranks_seen).count());
+  // A line from rank N proves N+1 ranks; a launcher stopping k processes proves k.
+  const int ranks = std::max({static_cast<int>(std::bitset<64>(st.env.ranks_seen).count()), st.env.highest_rank + 1,
+                              st.env.launcher_children});
   const int oom_ranks = static_cast<int>(std::bitset<64>(st.env.oom_ranks).count());
   if (ranks >= 2 && oom_ranks == 1 && d.stage != Stage::kSampling && d.stage != Stage::kBaselineSample) {
     int rank = 0;

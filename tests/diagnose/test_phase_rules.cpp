@@ -94,10 +94,23 @@ CATCH_TEST_CASE("activity messages of each trainer decide the phase", "[diagnose
   // ComfyUI: comfy/model_management.py load_models_gpu().
   Diagnosis cf = diagnose_text("got prompt\nRequested to load Flux\n" + std::string(kOom));
   CATCH_CHECK(cf.phase == Phase::kLoad);
+  // StableCascade: "STARTING AT STEP: 1/40000" and an unnamed step bar.
+  Diagnosis sc = diagnose_text("**TRAINING STARTING...**\nSTARTING AT STEP: 1/40000\n"
+                               "  0%|          | 0/40000 [00:00<?, ?it/s]\n" + std::string(kOom));
+  CATCH_CHECK(sc.stage == Stage::kTrainingStep);
+  CATCH_CHECK(sc.step == 1);
   // x-flux: previews every sample_every steps.
   Diagnosis xf = diagnose_text("Steps:  25%|##5       | 250/1000 [10:00<30:00, 2.4s/it, step_loss=0.2, lr=1e-05]\n"
                                "Sampling images for step 250...\n" + std::string(kOom));
   CATCH_CHECK(xf.phase == Phase::kSampling);
+}
+
+CATCH_TEST_CASE("a Windows crash status is an error of its own", "[diagnose][signatures]") {
+  Diagnosis d = diagnose_text(
+      "subprocess.CalledProcessError: Command '['python.exe', 'train_network.py']' returned non-zero exit status "
+      "3221225477.\n");
+  CATCH_CHECK(d.cause == Cause::kOther);
+  CATCH_CHECK_FALSE(d.oom);
 }
 
 CATCH_TEST_CASE("ComfyUI reports an OOM as 'Allocation on device'", "[diagnose][signatures]") {
@@ -147,6 +160,17 @@ CATCH_TEST_CASE("environment failures are not read as training failures", "[diag
                                 "RuntimeError: CUDA error: out of memory\n");
   CATCH_CHECK(ctx.phase == Phase::kEnvironment);
   CATCH_CHECK(ctx.environment == "cuda_context");
+
+  // Only rank 1's lines, but rank 1 proves two ranks; DeepSpeed's launcher then stops both
+  // processes, which is not the kernel's OOM killer.
+  Diagnosis r1 = diagnose_text(
+      "[rank1]: steps: 12 loss: 0.0800 iter time (s): 9.100 samples/sec: 0.110\n"
+      "[rank1]: RuntimeError: CUDA error: out of memory\n"
+      "[2025-03-25 21:14:09,870] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 4412\n"
+      "[2025-03-25 21:14:10,310] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 4413\n");
+  CATCH_CHECK(r1.cause == Cause::kGpuOom);
+  CATCH_CHECK(r1.environment == "one_rank");
+  CATCH_CHECK(diagnose_text("[INFO] [launch.py:319:sigkill_handler] Killing subprocess 4412\n").cause == Cause::kNone);
 
   // Every rank out of memory: the config.
   Diagnosis all = diagnose_text(
