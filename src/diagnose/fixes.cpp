@@ -294,6 +294,23 @@ Fix low_vram_fix(const Ctx& c) {
   }
   f.description = "The model's low-memory path: quantized/fp8 base, text encoder and VAE off the GPU, block "
                   "offloading.";
+  // Caching latents / text embeddings runs the VAE and text encoders alone: their batch and tiling.
+  if (c.d.stage == Stage::kCaching) {
+    switch (c.v) {
+      // sd-scripts: library/train_util.py --vae_batch_size, --text_encoder_batch_size.
+      case Vocab::kKohya: f.setting = "--vae_batch_size 1 --text_encoder_batch_size 1 (and --cache_latents_to_disk)"; break;
+      // musubi-tuner: cache_latents.py --batch_size, --vae_tiling, --vae_chunk_size;
+      // cache_text_encoder_outputs.py --batch_size and the fp8 text encoder flags.
+      case Vocab::kMusubi:
+        f.setting = "cache_latents.py --batch_size 1 --vae_tiling --vae_chunk_size 32; cache_text_encoder_outputs.py "
+                    "--batch_size 1 with --fp8_llm / --fp8_t5";
+        break;
+      default: break;
+    }
+    if (c.v == Vocab::kKohya || c.v == Vocab::kMusubi)
+      f.description = "Caching runs the VAE and text encoders on the GPU: encode one item at a time, tile the VAE, "
+                      "keep the text encoders in fp8.";
+  }
   return f;
 }
 
