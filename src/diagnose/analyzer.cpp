@@ -133,7 +133,20 @@ LineShape read_line_shape(AnalyzerState& st, std::string_view text, std::string_
   shape.trimmed_low = body_low.substr(indent);
   shape.exception = !exception_class(body.substr(indent)).empty();
   const std::string_view t = shape.trimmed_low;
+  // A rich box's frame or code line without the box's top (a paste cut inside it) starts one.
+  const auto numbered_box_line = [](std::string_view r) {
+    r.remove_prefix(3);  // the box side
+    const size_t d = r.find_first_not_of(' ');
+    return d != std::string_view::npos && is_digit(r[d]);
+  };
+  if (!st.in_traceback && starts_with(t, "\xe2\x94\x82") && contains(t.substr(3), "\xe2\x94\x82") &&
+      (contains(t, " in ") || contains(t, "\xe2\x9d\xb1") || numbered_box_line(t))) {
+    st.in_traceback = true;
+    st.traceback_seq = st.seq;
+    st.frames.clear();
+  }
   if (!st.in_traceback || t.empty() || starts_with(t, "file \"")) return shape;
+  if (parse_rich_traceback_line(st, t, body.substr(indent))) return shape;
   const bool expecting_code = st.expect_code_line;
   st.expect_code_line = false;
   const bool carets = t.find_first_not_of("^~ ") == std::string_view::npos;

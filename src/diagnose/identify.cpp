@@ -33,6 +33,10 @@ const std::vector<TrainerMarker>& trainer_markers() {
       {"create lora network", T::kKohya, 2},
       // sd-scripts: library/train_util.py dataset preparation and load_target_model(),
       // library/sdxl_model_util.py; colab wrappers call it as train_network_wrapper.py.
+      // sd-scripts: the other training scripts of its top folder.
+      {"train_db.py", T::kKohya, 5}, {"fine_tune.py", T::kKohya, 5}, {"sdxl_train.py", T::kKohya, 5},
+      {"train_textual_inversion", T::kKohya, 5}, {"flux_train.py", T::kKohya, 5}, {"sd3_train.py", T::kKohya, 5},
+      {"lumina_train", T::kKohya, 5}, {"anima_train", T::kKohya, 5}, {"train_control_net", T::kKohya, 5},
       {"make buckets", T::kKohya, 2}, {"mean ar error (without repeats)", T::kKohya, 2},
       {"number of images (including repeats)", T::kKohya, 2}, {"loading model for process", T::kKohya, 2},
       {"noise_offset is set to", T::kKohya, 2}, {"building text encoders", T::kKohya, 2},

@@ -26,8 +26,20 @@ struct Bar {
 };
 
 std::optional<Bar> parse_bar(std::string_view low) {
-  const size_t pct = low.find("%|");
-  if (pct == std::string_view::npos) return std::nullopt;
+  size_t pct = low.find("%|");
+  // tqdm without bar characters (notebooks, some non-terminals): "steps:   0% 0/2300 [00:01<?, ?it/s]".
+  const bool plain = pct == std::string_view::npos;
+  if (plain) {
+    for (size_t p = low.find("% "); p != std::string_view::npos; p = low.find("% ", p + 2)) {
+      size_t q = p + 2;
+      while (q < low.size() && low[q] == ' ') ++q;
+      if (p > 0 && is_digit(low[p - 1]) && q < low.size() && is_digit(low[q])) {
+        pct = p;
+        break;
+      }
+    }
+    if (pct == std::string_view::npos) return std::nullopt;
+  }
   size_t d = pct;
   while (d > 0 && (is_digit(low[d - 1]) || low[d - 1] == '.')) --d;
   if (d == pct) return std::nullopt;
@@ -40,7 +52,7 @@ std::optional<Bar> parse_bar(std::string_view low) {
   while (!desc.empty() && desc.front() == ' ') desc.remove_prefix(1);
   if (desc.size() > 80) desc = desc.substr(desc.size() - 80);
   b.desc = std::string(desc);
-  const size_t bar_end = low.find('|', pct + 2);
+  const size_t bar_end = plain ? pct + 1 : low.find('|', pct + 2);
   if (bar_end == std::string_view::npos) return std::nullopt;
   size_t i = bar_end + 1;
   while (i < low.size() && low[i] == ' ') ++i;
@@ -298,6 +310,60 @@ void parse_frame_line(AnalyzerState& st, std::string_view low, std::string_view 
   if (st.frames.size() >= 96) st.frames.erase(st.frames.begin() + 48);
   st.frames.push_back(std::move(f));
   st.expect_code_line = true;
+}
+
+bool parse_rich_traceback_line(AnalyzerState& st, std::string_view trimmed_low, std::string_view trimmed) {
+  static constexpr std::string_view kSide = "\xe2\x94\x82";         // │
+  static constexpr std::string_view kTop = "\xe2\x95\xad";          // ╭
+  static constexpr std::string_view kBottom = "\xe2\x95\xb0";       // ╰
+  static constexpr std::string_view kCurrent = "\xe2\x9d\xb1";      // ❱
+  if (starts_with(trimmed_low, kTop) || starts_with(trimmed_low, kBottom)) return true;
+  if (!starts_with(trimmed_low, kSide)) return false;
+  auto inner = [&](std::string_view s) {
+    s.remove_prefix(kSide.size());
+    if (ends_with(s, kSide)) s.remove_suffix(kSide.size());
+    const size_t b = s.find_first_not_of(' ');
+    const size_t e = s.find_last_not_of(' ');
+    return b == std::string_view::npos ? std::string_view() : s.substr(b, e - b + 1);
+  };
+  const std::string_view low = inner(trimmed_low);
+  const std::string_view text = inner(trimmed);
+  // "❱ 1145 │   │   return self._apply(convert)": the failing line of the frame; "1144 │ ..." are
+  // the lines around it.
+  const bool current = starts_with(low, kCurrent);
+  std::string_view numbered = current ? low.substr(kCurrent.size()) : low;
+  while (!numbered.empty() && numbered.front() == ' ') numbered.remove_prefix(1);
+  if (!numbered.empty() && is_digit(numbered.front())) {
+    const size_t bar = numbered.find(kSide);
+    if (bar == std::string_view::npos) return true;
+    std::string_view code = numbered.substr(bar + kSide.size());
+    while (!code.empty() && (code.front() == ' ' || starts_with(code, kSide)))
+      code.remove_prefix(code.front() == ' ' ? 1 : kSide.size());
+    // A paste cut inside the box keeps only context lines: they stand for the lost frame.
+    if (st.frames.empty() && !code.empty()) st.frames.emplace_back();
+    if (!st.frames.empty() && !code.empty() && (current || st.frames.back().code.empty()))
+      st.frames.back().code = snippet(code, 200);
+    return true;
+  }
+  // "/path/train_util.py:4233 in sample_images" (the path may be cut by the box).
+  const size_t in = low.rfind(" in ");
+  if (in == std::string_view::npos || in == 0) return true;
+  size_t colon = in;
+  while (colon > 0 && is_digit(low[colon - 1])) --colon;
+  if (colon == in || colon == 0 || low[colon - 1] != ':') return true;
+  const std::string_view path = text.substr(0, colon - 1);
+  std::string_view func = low.substr(in + 4);
+  size_t fe = 0;
+  while (fe < func.size() && (is_word(func[fe]) || func[fe] == '<' || func[fe] == '>')) ++fe;
+  if (fe == 0 || fe != func.size()) return true;
+  Frame f;
+  const size_t slash = path.find_last_of("/\\");
+  f.file = to_valid_utf8(path.substr(slash == std::string_view::npos ? 0 : slash + 1));
+  std::transform(f.file.begin(), f.file.end(), f.file.begin(), lower);
+  f.func = std::string(func);
+  if (st.frames.size() >= 96) st.frames.erase(st.frames.begin() + 48);
+  st.frames.push_back(std::move(f));
+  return true;
 }
 
 int rank_of_line(std::string_view low) {

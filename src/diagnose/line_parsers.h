@@ -30,6 +30,11 @@ void parse_allocator_message(MemoryLog& mem, EnvironmentClues& env, int64_t seq,
 // `File "<path>", line N, in <func>`: one more frame of the traceback being read.
 void parse_frame_line(AnalyzerState& st, std::string_view low, std::string_view text, size_t path_start);
 
+// The `rich` library's boxed traceback (sd-scripts and others install it): "│ <path>:<line> in
+// <func>   │" is a frame, "│ ❱ 1145 │     return self._apply(convert)   │" the failing line of
+// the last frame. True when the line was one of the box's lines.
+bool parse_rich_traceback_line(AnalyzerState& st, std::string_view trimmed_low, std::string_view trimmed);
+
 // "[rank3]: ..." / "rank: 3 (local_rank: 3)": the rank a line came from, or -1.
 int rank_of_line(std::string_view low);
 

@@ -81,8 +81,16 @@ Phase phase_of_guard_class(const std::string& c, Stage stage, Phase fallback) {
 PhaseDecision decide_phase(const AnalyzerState& st, const Diagnosis& d, const CauseRecord* decisive) {
   PhaseDecision p;
   // The activity when the decisive failure first showed (a later line may be the shutdown).
-  p.activity = decisive && decisive->first.seen() ? &decisive->at_first : &st.act;
-  const Activity& act = *p.activity;
+  p.activity = decisive && decisive->first.seen() ? decisive->at_first : st.act;
+  // tqdm writes a bar's last state when the exception closes it, just after the error message:
+  // a progress line right after the failure's last line is the state at the failure.
+  if (decisive && st.act.progress.seq > decisive->first.seq && st.act.progress.seq <= decisive->last.seq + 4) {
+    p.activity.progress = st.act.progress;
+    p.activity.completed = st.act.completed;
+    p.activity.total = st.act.total;
+    p.activity.training_seen = true;
+  }
+  const Activity& act = p.activity;
   if (decisive && decisive->has_frames()) p.frames = stage_from_frames(decisive->frames);
   const Marker* marker = nullptr;
   const Stage from_activity = stage_from_activity(act, &marker);
@@ -148,9 +156,9 @@ void add_evidence(const AnalyzerState& st, const CauseRecord* decisive, const Ph
   }
   if (st.guard.seen) add(st.guard.line, "lora-train OOM guard");
   if (st.guard.finished) add(st.guard.done_line, "lora-train: the run finished");
-  if (p.activity) {
+  {
     // The activity line of the stage that was chosen, when the log has one.
-    const Activity& a = *p.activity;
+    const Activity& a = p.activity;
     const Marker* m = nullptr;
     if (d.stage == Stage::kTrainingStep) m = a.progress.seen() ? &a.progress : &a.marker(Stage::kTrainingStep);
     else if (d.stage != Stage::kUnknown) m = &a.marker(d.stage);

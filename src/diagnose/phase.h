@@ -24,7 +24,7 @@ struct PhaseDecision {
   std::optional<int64_t> step;
   FrameVerdict frames;             // what the traceback said
   const Marker* marker = nullptr;  // the activity line that decided, if any
-  const Activity* activity = nullptr;  // the activity at the failure
+  Activity activity;               // the activity at the failure
   bool from_guard = false;
 };
 

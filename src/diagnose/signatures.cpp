@@ -9,8 +9,11 @@ namespace {
 
 bool on_error_line(const LineFacts& f) { return f.fatal(); }
 
-// "Tried to allocate" only with a size: the words alone appear in docs and warnings.
+// "Tried to allocate" only with a size (the words alone appear in docs and warnings), and not in
+// c10's CPU allocator message ("DefaultCPUAllocator: not enough memory: you tried to allocate N
+// bytes", c10/core/impl/alloc_cpu.cpp): that one is host RAM.
 bool has_size_unit(const LineFacts& f) {
+  if (contains(f.low, "cpuallocator") || contains(f.low, "you tried to allocate")) return false;
   for (std::string_view u : {"gib", "mib", "kib", "bytes", " gb", " mb"})
     if (contains(f.low, u)) return true;
   return false;

@@ -15,14 +15,16 @@ constexpr int64_t kMiB = int64_t(1) << 20;
 
 const CauseRecord& record(const AnalyzerState& st, Cause c) { return st.causes[static_cast<int>(c)]; }
 
-// The latest fatal event among the specific look-alikes (a NaN in a progress bar is enough).
+// The latest fatal event among the specific look-alikes (a NaN in a progress bar is enough, and so
+// is a GPU fault the kernel logs: NVRM lines are no Python errors).
 Cause latest_look_alike(const AnalyzerState& st, int64_t* at_seq) {
   Cause best = Cause::kNone;
   *at_seq = -1;
   for (int c = static_cast<int>(Cause::kHostOom); c < static_cast<int>(Cause::kOther); ++c) {
     const CauseRecord& r = st.causes[c];
     int64_t seq = r.last_fatal.seq;
-    if (static_cast<Cause>(c) == Cause::kNanLoss && seq < 0) seq = r.last.seq;
+    const Cause cause = static_cast<Cause>(c);
+    if ((cause == Cause::kNanLoss || cause == Cause::kGpuFault) && seq < 0) seq = r.last.seq;
     if (seq > *at_seq) {
       *at_seq = seq;
       best = static_cast<Cause>(c);
@@ -187,7 +189,10 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
   const int ranks = std::max({static_cast<int>(std::bitset<64>(st.env.ranks_seen).count()), st.env.highest_rank + 1,
                               st.env.launcher_children});
   const int oom_ranks = static_cast<int>(std::bitset<64>(st.env.oom_ranks).count());
-  if (ranks >= 2 && oom_ranks == 1 && d.stage != Stage::kSampling && d.stage != Stage::kBaselineSample) {
+  // Not when the rank's own numbers explain it (its tensors fill the card, or fragmentation): with
+  // pipeline parallelism (diffusion-pipe pipeline_stages) the ranks do not do the same work.
+  if (ranks >= 2 && oom_ranks == 1 && d.stage != Stage::kSampling && d.stage != Stage::kBaselineSample &&
+      !ours_fill_it && !mm.fragmentation) {
     int rank = 0;
     while (!(st.env.oom_ranks >> rank & 1)) ++rank;
     note_environment(d, "one_rank", kEnvironmentConfidence,

@@ -86,6 +86,28 @@ CATCH_TEST_CASE("traceback functions of each trainer decide the phase", "[diagno
   CATCH_CHECK(fg.stage == Stage::kCaching);
 }
 
+CATCH_TEST_CASE("rich tracebacks, plain tqdm and a bar printed after the error", "[diagnose][phase]") {
+  const std::string side = "\xe2\x94\x82";
+  Diagnosis rich = diagnose_text(
+      "steps:  40%|####      | 400/1000 [10:00<15:00, 1.5s/it, avr_loss=0.1]\n"
+      "\xe2\x95\xad\xe2\x94\x80 Traceback (most recent call last) \xe2\x94\x80\xe2\x95\xae\n" +
+      side + " /sd-scripts/train_network.py:1012 in train          " + side + "\n" +
+      side + "   1011 " + side + "   for step, batch in enumerate(loader):    " + side + "\n" +
+      side + " \xe2\x9d\xb1 1012 " + side + "       self.sample_images(accelerator, args, None, step)  " + side + "\n" +
+      side + " /sd-scripts/library/train_util.py:4233 in sample_image_inference " + side + "\n" +
+      "\xe2\x95\xb0\xe2\x94\x80\xe2\x95\xaf\n"
+      "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n");
+  CATCH_CHECK(rich.stage == Stage::kSampling);
+  CATCH_CHECK(rich.phase_confidence >= 0.9);
+
+  // A notebook's tqdm has no bar characters, and the last state comes after the message.
+  Diagnosis plain = diagnose_text(
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 14.00 MiB.\n"
+      "steps:   0% 0/2300 [00:01<?, ?it/s]\n");
+  CATCH_CHECK(plain.stage == Stage::kTrainingStep);
+  CATCH_CHECK(plain.step == 1);
+}
+
 CATCH_TEST_CASE("activity messages of each trainer decide the phase", "[diagnose][phase]") {
   // diffusion-pipe: utils/dataset.py caching latents.
   Diagnosis dp = diagnose_text("caching latents: (512, 512, 1)\nMap (num_proc=8):  40%|####  | 40/100 [00:10<00:15]\n" +
@@ -103,6 +125,17 @@ CATCH_TEST_CASE("activity messages of each trainer decide the phase", "[diagnose
   Diagnosis xf = diagnose_text("Steps:  25%|##5       | 250/1000 [10:00<30:00, 2.4s/it, step_loss=0.2, lr=1e-05]\n"
                                "Sampling images for step 250...\n" + std::string(kOom));
   CATCH_CHECK(xf.phase == Phase::kSampling);
+}
+
+CATCH_TEST_CASE("host RAM and kernel-logged GPU faults are not GPU OOMs", "[diagnose][signatures]") {
+  // c10's CPU allocator says "tried to allocate" too.
+  Diagnosis cpu = diagnose_text("RuntimeError: DefaultCPUAllocator: not enough memory: you tried to allocate 58982400 bytes.\n");
+  CATCH_CHECK(cpu.cause == Cause::kHostOom);
+  CATCH_CHECK_FALSE(cpu.oom);
+  // NVRM lines are no Python errors, and still the cause.
+  Diagnosis bus = diagnose_text("[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+                                "               NVRM: fallen off the bus and is not responding to commands.\n");
+  CATCH_CHECK(bus.cause == Cause::kGpuFault);
 }
 
 CATCH_TEST_CASE("a Windows crash status is an error of its own", "[diagnose][signatures]") {
