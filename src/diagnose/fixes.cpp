@@ -298,7 +298,10 @@ Fix low_vram_fix(const Ctx& c) {
   if (c.d.stage == Stage::kCaching) {
     switch (c.v) {
       // sd-scripts: library/train_util.py --vae_batch_size, --text_encoder_batch_size.
-      case Vocab::kKohya: f.setting = "--vae_batch_size 1 --text_encoder_batch_size 1 (and --cache_latents_to_disk)"; break;
+      case Vocab::kKohya:
+        f.setting = std::string(c.dit ? "--fp8_base (text encoders in fp8 too) " : "") +
+                    "--vae_batch_size 1 --text_encoder_batch_size 1 (and --cache_latents_to_disk)";
+        break;
       // musubi-tuner: cache_latents.py --batch_size, --vae_tiling, --vae_chunk_size;
       // cache_text_encoder_outputs.py --batch_size and the fp8 text encoder flags.
       case Vocab::kMusubi:
