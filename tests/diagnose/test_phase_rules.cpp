@@ -226,8 +226,11 @@ CATCH_TEST_CASE("a lora-train run the guard rescued is reported as recovered", "
       "W 10:15:20 oom-guard: OOM in phase train_step(step 3, bucket 1024x1024, batch 4) \xe2\x80\x94 early_steps; action: "
       "train.batch_size: 4 -> 1, train.gradient_accumulation: 1 -> 4 (effective batch 4 kept)\n"
       "I 10:54:02 the settings that worked: runs/a/effective.yaml\n"
+      "I 10:54:02 oom-guard: 1 OOM handled, 1 configuration change\n"
+      "I 10:54:02 oom-guard:   #1 train_step(step 3, bucket 1024x1024, batch 4) early_steps -> train.batch_size: 4 -> 1\n"
+      "I 10:54:02 oom-guard:      price of #1 (batch_to_one): +35% s/step (2.100 -> 2.835 s), -41% peak (21.9 GiB -> 12.9 GiB)\n"
       "I 10:54:02 oom-guard: settings now: checkpointing on, batch 1 x accumulation 4, buckets [512,768], samples "
-      "512x512/20 steps (no baseline), low_vram\n"
+      "512x512/20 steps (no baseline), attention in chunks of 1024, VAE tiled, low_vram\n"
       "I 10:54:03 done: runs/a/a.safetensors (1000 steps)\n");
   CATCH_CHECK(d.oom);
   CATCH_CHECK(d.recovered);
