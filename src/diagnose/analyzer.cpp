@@ -331,7 +331,7 @@ void LogAnalyzer::feed(const LogLine& line) {
     }
   }
   if (contains(low, "gui") && contains(low, "kohya")) st.identity.kohya_gui = true;
-  if (memory_line) parse_allocator_message(st.mem, st.env, st.seq, low);
+  if (memory_line) parse_allocator_message(st.mem, st.seq, low);
   if (bucket_line) parse_bucket_line(st.settings, low);
   if (rank >= 0) {
     st.env.ranks_seen |= uint64_t(1) << rank;

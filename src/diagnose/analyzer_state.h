@@ -95,7 +95,6 @@ struct EnvironmentClues {
   bool wsl = false;                   // the log shows Windows Subsystem for Linux
   uint64_t ranks_seen = 0;            // bit per rank that wrote a line ("[rankN]:", "rank: N")
   uint64_t oom_ranks = 0;             // bit per rank that reported a GPU OOM
-  int oom_gpu = -1;                   // "GPU N" of the allocator message
   int launcher_children = 0;          // DeepSpeed's launcher "Killing subprocess N" lines
   int highest_rank = -1;
 };

@@ -204,7 +204,7 @@ void parse_sample_at_step(AnalyzerState& st, std::string_view low, size_t end, s
   st.act.marker((n && *n == 0) ? Stage::kBaselineSample : Stage::kSampling).set(st.seq, line, text);
 }
 
-void parse_allocator_message(MemoryLog& mem, EnvironmentClues& env, int64_t seq, std::string_view low) {
+void parse_allocator_message(MemoryLog& mem, int64_t seq, std::string_view low) {
   MemoryNumbers& m = mem.numbers;
   auto size_after = [&](std::string_view key) -> std::optional<int64_t> {
     const size_t p = low.find(key);
@@ -279,14 +279,6 @@ void parse_allocator_message(MemoryLog& mem, EnvironmentClues& env, int64_t seq,
   if (contains(low, "mps allocated")) {
     set(m.allocated_by_pytorch, size_after("mps allocated"));
     set(m.total, size_after("max allowed"));
-  }
-  // "GPU 1 has a total capacity" / "(GPU 1;": which card of a multi-GPU machine.
-  for (std::string_view key : {"gpu ", "(gpu "}) {
-    const size_t g = low.find(key);
-    if (g != std::string_view::npos && g + key.size() < low.size() && is_digit(low[g + key.size()])) {
-      const auto n = int_after(low, g + key.size(), 1);
-      if (n && *n < 64 && (contains(low, "total capacity"))) env.oom_gpu = static_cast<int>(*n);
-    }
   }
   if (touched) mem.seq = seq;
 }

@@ -25,7 +25,7 @@ void parse_epoch_line(AnalyzerState& st, std::string_view low, size_t pos, size_
 void parse_sample_at_step(AnalyzerState& st, std::string_view low, size_t end, std::string_view text, int64_t line);
 
 // PyTorch's allocator message, both formats, ComfyUI's memory-fraction and the MPS message.
-void parse_allocator_message(MemoryLog& mem, EnvironmentClues& env, int64_t seq, std::string_view low);
+void parse_allocator_message(MemoryLog& mem, int64_t seq, std::string_view low);
 
 // `File "<path>", line N, in <func>`: one more frame of the traceback being read.
 void parse_frame_line(AnalyzerState& st, std::string_view low, std::string_view text, size_t path_start);

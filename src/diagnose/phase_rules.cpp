@@ -613,7 +613,7 @@ FrameVerdict stage_from_frames(const std::vector<Frame>& frames) {
         if (r.stage != stage || r.strength != strength) continue;
         for (const Frame& f : frames) {
           if (!frame_matches(r, f)) continue;
-          v = {stage, strength, &f, "in " + f.func + " (" + f.file + ")"};
+          v = {stage, strength, "in " + f.func + " (" + f.file + ")"};
           return v;
         }
       }
@@ -621,7 +621,7 @@ FrameVerdict stage_from_frames(const std::vector<Frame>& frames) {
         if (r.stage != stage || r.strength != strength) continue;
         for (const Frame& f : frames) {
           if (!contains(f.code, r.text)) continue;
-          v = {stage, strength, &f, std::string("calls ") + r.text + " (" + f.file + ")"};
+          v = {stage, strength, std::string("calls ") + r.text + " (" + f.file + ")"};
           return v;
         }
       }
@@ -629,7 +629,7 @@ FrameVerdict stage_from_frames(const std::vector<Frame>& frames) {
         if (r.stage != stage || r.strength != strength || r.file) continue;  // a callee's file is unknown
         for (size_t i = 0; i < callees.size(); ++i) {
           if (!frame_matches(r, callees[i])) continue;
-          v = {stage, strength, nullptr, "calls " + callees[i].func + "()"};
+          v = {stage, strength, "calls " + callees[i].func + "()"};
           return v;
         }
       }

@@ -69,12 +69,10 @@ struct CodeRule {
 const std::vector<CodeRule>& code_rules();
 
 // The activity a traceback shows, by priority (previews, training step, caching, quantising,
-// loading; strong rules before weak ones). kUnknown when no rule matches. `rule_frame` is the
-// frame that decided (for the evidence).
+// loading; strong rules before weak ones). kUnknown when no rule matches.
 struct FrameVerdict {
   Stage stage = Stage::kUnknown;
   Strength strength = Strength::kWeak;
-  const Frame* frame = nullptr;
   std::string why;  // "in sample_images (train_util.py)" / "calls accelerator.prepare("
 };
 FrameVerdict stage_from_frames(const std::vector<Frame>& frames);
