@@ -706,8 +706,14 @@ const Table<MemoryConfig>& memory_table() {
     t.back().info.ours = true;
     t.push_back(field("attention_chunk", &S::attention_chunk,
                       "Compute attention this many query rows at a time (less memory for long sequences, e.g. "
-                      "video); 0 = all at once.")
+                      "video); 0 = all at once. Exact: the results do not change. The OOM guard sets it first.")
                     .min(0)
+                    .ours()
+                    .lever());
+    t.push_back(field("vae_tiling", &S::vae_tiling,
+                      "Encode and decode images in overlapping tiles of the VAE's native size, blended at "
+                      "the seams (diffusers' enable_vae_tiling): far less memory for large images, results "
+                      "within the VAE's tiling tolerance.")
                     .ours()
                     .lever());
     return t;

@@ -82,8 +82,12 @@ PhaseScope OomGuard::enter(Phase phase, PhaseContext where) {
     frames_.back().running_peak = std::max(frames_.back().running_peak, memory_.peak_allocated());
   }
   memory_.reset_peak();
-  frames_.push_back({phase, where, memory_.allocated()});
+  frames_.push_back({phase, where, memory_.allocated(), std::chrono::steady_clock::now()});
   return PhaseScope(this, frames_.size() - 1);
+}
+
+void OomGuard::set_context(const PhaseContext& where) {
+  if (!frames_.empty()) frames_.back().where = where;
 }
 
 void OomGuard::exit_phase(size_t depth, bool failed) {
@@ -98,6 +102,8 @@ void OomGuard::exit_phase(size_t depth, bool failed) {
     last_failure_ = Failure{frame.phase, frame.where, at_exit};
   } else if (frame.phase == Phase::train_step) {
     ++steps_completed_;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - frame.started).count();
+    step_costs_.push_back({frame.where.step, seconds, peak});
   }
 }
 
@@ -163,6 +169,7 @@ Decision OomGuard::recover(std::exception_ptr error) {
 
   AttemptRecord rec;
   rec.attempt = static_cast<int>(attempts_.size()) + 1;
+  rec.steps_before = step_costs_.size();
   rec.phase = f.phase;
   rec.where = f.where;
   rec.error = first_line(info.message);
@@ -273,6 +280,63 @@ std::optional<Action> OomGuard::step_completed(int64_t step) {
   return up->action;
 }
 
+namespace {
+
+bool changes_settings(ActionKind k) { return k != ActionKind::empty_cache_retry && !gives_up(k); }
+
+}  // namespace
+
+std::optional<double> Price::time_change() const {
+  if (!seconds_before || !seconds_after || *seconds_before <= 0) return std::nullopt;
+  return *seconds_after / *seconds_before - 1;
+}
+
+std::optional<double> Price::peak_change() const {
+  if (!peak_before || !peak_after || *peak_before <= 0) return std::nullopt;
+  return static_cast<double>(*peak_after) / static_cast<double>(*peak_before) - 1;
+}
+
+std::string Price::describe() const {
+  if (!seconds_after) return "no training step ran with it yet";
+  if (auto t = time_change(); t && peak_change()) {
+    return fmt::format("{:+.0f}% s/step ({:.3f} -> {:.3f} s), {:+.0f}% peak ({} -> {})", *t * 100, *seconds_before,
+                       *seconds_after, *peak_change() * 100, format_bytes(*peak_before), format_bytes(*peak_after));
+  }
+  return fmt::format("{:.3f} s/step, peak {} in the {} step{} after (none before it)", *seconds_after,
+                     format_bytes(*peak_after), steps_after, steps_after == 1 ? "" : "s");
+}
+
+std::optional<Price> OomGuard::price(size_t index) const {
+  if (index >= attempts_.size() || !changes_settings(attempts_[index].action)) return std::nullopt;
+  // The steps under the previous settings start at the previous change made at an earlier step;
+  // those under the new ones end at the next change made at a later step.
+  const size_t at = attempts_[index].steps_before;
+  size_t begin = 0, end = step_costs_.size();
+  Price p;
+  for (const auto& a : attempts_) {
+    if (!changes_settings(a.action)) continue;
+    if (a.steps_before < at) begin = std::max(begin, a.steps_before);
+    if (a.steps_before > at) end = std::min(end, a.steps_before);
+    if (a.steps_before == at) p.attempts.push_back(a.attempt);
+  }
+  auto window = [this](size_t from, size_t to, std::optional<double>& seconds, std::optional<int64_t>& peak) {
+    double sum = 0;
+    int64_t max_peak = 0;
+    for (size_t i = from; i < to; ++i) {
+      sum += step_costs_[i].seconds;
+      max_peak = std::max(max_peak, step_costs_[i].peak);
+    }
+    if (to > from) {
+      seconds = sum / static_cast<double>(to - from);
+      peak = max_peak;
+    }
+    return static_cast<int>(to - from);
+  };
+  p.steps_before = window(std::max(begin, at >= kPriceWindow ? at - kPriceWindow : 0), at, p.seconds_before, p.peak_before);
+  p.steps_after = window(at, std::min(end, at + kPriceWindow), p.seconds_after, p.peak_after);
+  return p;
+}
+
 std::string OomGuard::summary() const {
   std::string out;
   if (attempts_.empty()) {
@@ -284,10 +348,20 @@ std::string OomGuard::summary() const {
     }
     out += fmt::format("oom-guard: {} OOM{} handled, {} configuration change{}\n", attempts_.size(),
                        attempts_.size() == 1 ? "" : "s", changes, changes == 1 ? "" : "s");
-    for (const auto& a : attempts_) {
+    for (size_t i = 0; i < attempts_.size(); ++i) {
+      const auto& a = attempts_[i];
       out += fmt::format("  #{} {} {} -> {}\n", a.attempt, describe(a.phase, a.where),
                          a.classification ? to_string(*a.classification) : "host_ram",
                          a.description);
+      // One price line per group of changes, after its last member.
+      auto p = price(i);
+      if (!p || p->attempts.back() != a.attempt) continue;
+      std::string levers;
+      for (int n : p->attempts) levers += (levers.empty() ? "" : ", ") + std::string(to_string(attempts_[n - 1].action));
+      const std::string which = p->attempts.size() == 1
+                                    ? fmt::format("#{}", a.attempt)
+                                    : fmt::format("#{}-#{}", p->attempts.front(), p->attempts.back());
+      out += fmt::format("     price of {} ({}): {}\n", which, levers, p->describe());
     }
   }
   for (const auto& s : scale_ups_) {
@@ -304,7 +378,22 @@ std::string OomGuard::summary() const {
 nlohmann::json OomGuard::to_json() const {
   using nlohmann::json;
   json attempts = json::array();
-  for (const auto& a : attempts_) {
+  for (size_t i = 0; i < attempts_.size(); ++i) {
+    const auto& a = attempts_[i];
+    json price = nullptr;
+    if (auto p = this->price(i)) {
+      auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };
+      price = {{"steps_before", p->steps_before},
+               {"steps_after", p->steps_after},
+               {"seconds_per_step_before", opt(p->seconds_before)},
+               {"seconds_per_step_after", opt(p->seconds_after)},
+               {"peak_before", opt(p->peak_before)},
+               {"peak_after", opt(p->peak_after)},
+               {"time_change", opt(p->time_change())},
+               {"peak_change", opt(p->peak_change())},
+               {"shared_with", p->attempts},
+               {"summary", p->describe()}};
+    }
     attempts.push_back({
         {"attempt", a.attempt},
         {"phase", to_string(a.phase)},
@@ -323,6 +412,7 @@ nlohmann::json OomGuard::to_json() const {
         {"settings_after", a.settings},
         {"at_seconds", a.at_seconds},
         {"recover_seconds", a.recover_seconds},
+        {"price", price},
     });
   }
   json scale_ups = json::array();

@@ -13,6 +13,8 @@ namespace lt::memory {
 const char* to_string(ActionKind k) {
   switch (k) {
     case ActionKind::empty_cache_retry: return "empty_cache_retry";
+    case ActionKind::chunk_attention: return "chunk_attention";
+    case ActionKind::tile_vae: return "tile_vae";
     case ActionKind::enable_checkpointing: return "enable_checkpointing";
     case ActionKind::batch_to_one: return "batch_to_one";
     case ActionKind::drop_largest_bucket: return "drop_largest_bucket";
@@ -75,6 +77,23 @@ std::string bucket_list(const std::vector<int>& r) {
 }
 
 using Rung = std::function<std::optional<Action>(const MemorySettings&)>;
+
+std::optional<Action> chunk_attention(const MemorySettings& s) {
+  if (s.attention_chunk > 0 && s.attention_chunk <= kGuardAttentionChunk) return std::nullopt;
+  Action a{ActionKind::chunk_attention, "", s};
+  a.settings.attention_chunk = kGuardAttentionChunk;
+  a.description = fmt::format("memory.attention_chunk: {} -> {} (attention {} query rows at a time; same results)",
+                              s.attention_chunk, kGuardAttentionChunk, kGuardAttentionChunk);
+  return a;
+}
+
+std::optional<Action> tile_vae(const MemorySettings& s) {
+  if (s.vae_tiling) return std::nullopt;
+  Action a{ActionKind::tile_vae,
+           "memory.vae_tiling: false -> true (VAE encode/decode in blended tiles; images at their size)", s};
+  a.settings.vae_tiling = true;
+  return a;
+}
 
 std::optional<Action> enable_checkpointing(const MemorySettings& s) {
   if (s.gradient_checkpointing) return std::nullopt;
@@ -188,14 +207,22 @@ Rung reduce_frames_to(int floor) {
   };
 }
 
-// The rungs for a class, safest first (playbook §2's first change, then §3's order).
-std::vector<Rung> rungs_for(Classification cls, const Classified& c, const MemorySettings& s,
+// The rungs for a failure, safest first: the levers that change no result, then playbook §2's
+// first change and §3's order. Before training the phase decides (a VAE failure while caching gets
+// every VAE lever before the denoiser is touched); during training the class does.
+std::vector<Rung> rungs_for(Phase phase, Classification cls, const Classified& c, const MemorySettings& s,
                             const MemorySettings& initial) {
   switch (cls) {
     case Classification::load:
-      return {skip_baseline_sample, enable_low_vram, quantize_base};
+      // The denoiser is quantized only once the VAE is alone on the device and tiled and still
+      // does not fit beside it: then the resident base fills the device, not the VAE's encode.
+      if (phase == Phase::cache) return {chunk_attention, enable_low_vram, tile_vae, quantize_base};
+      if (phase == Phase::baseline_sample) {
+        return {chunk_attention, tile_vae, skip_baseline_sample, enable_low_vram, quantize_base};
+      }
+      return {enable_low_vram, quantize_base};
     case Classification::sampling:
-      return {shrink_samples, disable_sampling};
+      return {chunk_attention, tile_vae, shrink_samples, disable_sampling};
     case Classification::environment:
     case Classification::fragmentation:
       return {};
@@ -204,12 +231,15 @@ std::vector<Rung> rungs_for(Classification cls, const Classified& c, const Memor
     case Classification::video_spike:
       break;
   }
-  std::vector<Rung> rungs;
+  std::vector<Rung> rungs = {chunk_attention};
   if (s.is_video) {
     // Video (§3): frames first, at most two halvings before the other levers.
     const int first_floor = reduced_frames(reduced_frames(initial.num_frames));
-    rungs = {reduce_frames_to(first_floor), enable_checkpointing, batch_to_one, drop_largest_bucket,
-             reduce_frames_to(kMinVideoFrames), disable_sampling, enable_low_vram, quantize_base};
+    for (const Rung& r : {reduce_frames_to(first_floor), Rung(enable_checkpointing), Rung(batch_to_one),
+                          Rung(drop_largest_bucket), reduce_frames_to(kMinVideoFrames), Rung(disable_sampling),
+                          Rung(enable_low_vram), Rung(quantize_base)}) {
+      rungs.push_back(r);
+    }
     return rungs;
   }
   if (cls == Classification::sometimes && c.largest_bucket) rungs.push_back(drop_largest_bucket);
@@ -268,7 +298,7 @@ Action next_action(const FailureContext& ctx, const Classified& c, const LadderH
     }
   }
 
-  for (const Rung& rung : rungs_for(c.ladder, c, s, history.initial)) {
+  for (const Rung& rung : rungs_for(ctx.phase, c.ladder, c, s, history.initial)) {
     auto a = rung(s);
     if (!a || a->settings == s || history.tried(a->settings)) continue;
     return *a;

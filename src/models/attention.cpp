@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "loratrain/models/checkpointing.h"
+
 #include <atomic>
 #include <cmath>
 
@@ -36,6 +38,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t lq = q.size(-2);
   const int64_t chunk = options.query_chunk;
   if (chunk <= 0 || chunk >= lq) return attend(q, k, v, scale, mask, options.upcast, 0, options.causal);
+  // With gradients, a chunk's probabilities would be kept for backward and the whole [Lq, Lk]
+  // matrix would be alive again: each chunk is recomputed in backward instead, so only one chunk's
+  // scores exist at any time, as in memory-efficient attention kernels.
+  const bool recompute = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   std::vector<at::Tensor> outputs;
   for (int64_t start = 0; start < lq; start += chunk) {
     const int64_t len = std::min(chunk, lq - start);
@@ -43,7 +49,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     if (mask) {
       mask_rows = mask->size(-2) == 1 ? *mask : mask->narrow(-2, start, len);
     }
-    outputs.push_back(attend(q.narrow(-2, start, len), k, v, scale, mask_rows, options.upcast, start, options.causal));
+    const at::Tensor q_rows = q.narrow(-2, start, len);
+    if (!recompute) {
+      outputs.push_back(attend(q_rows, k, v, scale, mask_rows, options.upcast, start, options.causal));
+      continue;
+    }
+    const bool upcast = options.upcast, causal = options.causal;
+    outputs.push_back(checkpoint(
+        [scale, upcast, causal, start](const std::vector<at::Tensor>& in) {
+          std::optional<at::Tensor> m;
+          if (in[3].defined()) m = in[3];
+          return attend(in[0], in[1], in[2], scale, m, upcast, start, causal);
+        },
+        {q_rows, k, v, mask_rows.value_or(at::Tensor())}));
   }
   return at::cat(outputs, -2);
 }

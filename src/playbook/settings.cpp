@@ -53,7 +53,8 @@ bool MemorySettings::operator==(const MemorySettings& o) const {
          dropped_largest == o.dropped_largest && sample_width == o.sample_width && sample_height == o.sample_height &&
          sample_steps == o.sample_steps && sample_every == o.sample_every && disable_sampling == o.disable_sampling &&
          skip_first_sample == o.skip_first_sample && low_vram == o.low_vram && quantize == o.quantize &&
-         num_frames == o.num_frames && sample_num_frames == o.sample_num_frames && is_video == o.is_video;
+         num_frames == o.num_frames && sample_num_frames == o.sample_num_frames && is_video == o.is_video &&
+         attention_chunk == o.attention_chunk && vae_tiling == o.vae_tiling;
 }
 
 std::string summarize(const MemorySettings& s) {
@@ -68,6 +69,8 @@ std::string summarize(const MemorySettings& s) {
     out += fmt::format(", samples {}x{}/{} steps{}", s.sample_width, s.sample_height, s.sample_steps,
                        s.skip_first_sample ? " (no baseline)" : "");
   }
+  if (s.attention_chunk > 0) out += fmt::format(", attention in chunks of {}", s.attention_chunk);
+  if (s.vae_tiling) out += ", VAE tiled";
   if (s.low_vram) out += ", low_vram";
   if (s.quantize != Quantize::none) out += fmt::format(", base {}", to_string(s.quantize));
   return out;
@@ -81,6 +84,8 @@ SettingsChange changes(const MemorySettings& before, const MemorySettings& after
   c.frames = before.num_frames != after.num_frames;
   c.quantize = before.quantize == Quantize::none && after.quantize != Quantize::none;
   c.low_vram = !before.low_vram && after.low_vram;
+  c.attention = before.attention_chunk != after.attention_chunk;
+  c.vae_tiling = before.vae_tiling != after.vae_tiling;
   return c;
 }
 
@@ -101,7 +106,9 @@ void to_json(nlohmann::json& j, const MemorySettings& s) {
                      {"quantize", to_string(s.quantize)},
                      {"num_frames", s.num_frames},
                      {"sample_num_frames", s.sample_num_frames},
-                     {"is_video", s.is_video}};
+                     {"is_video", s.is_video},
+                     {"attention_chunk", s.attention_chunk},
+                     {"vae_tiling", s.vae_tiling}};
 }
 
 void from_json(const nlohmann::json& j, MemorySettings& s) {
@@ -121,6 +128,8 @@ void from_json(const nlohmann::json& j, MemorySettings& s) {
   s.num_frames = j.value("num_frames", s.num_frames);
   s.sample_num_frames = j.value("sample_num_frames", s.sample_num_frames);
   s.is_video = j.value("is_video", s.is_video);
+  s.attention_chunk = j.value("attention_chunk", s.attention_chunk);
+  s.vae_tiling = j.value("vae_tiling", s.vae_tiling);
 }
 
 MemorySettings settings_from_config(const config::ProcessConfig& p, bool is_video) {
@@ -146,6 +155,8 @@ MemorySettings settings_from_config(const config::ProcessConfig& p, bool is_vide
   if (p.model.quantize) {
     s.quantize = to_lower(p.model.qtype).find("int8") != std::string::npos ? Quantize::int8 : Quantize::fp8;
   }
+  s.attention_chunk = p.memory.attention_chunk;
+  s.vae_tiling = p.memory.vae_tiling;
   s.is_video = is_video;
   s.num_frames = is_video ? frames : 1;
   s.sample_num_frames = is_video ? p.sample.num_frames : 1;
@@ -184,6 +195,8 @@ config::JobConfig config_with_settings(const config::JobConfig& job, const Memor
   set("model.quantize", s.quantize != Quantize::none ? "true" : "false");
   if (s.quantize == Quantize::int8) set("model.qtype", "qint8");
   if (s.quantize == Quantize::fp8) set("model.qtype", "qfloat8");
+  set("memory.attention_chunk", std::to_string(s.attention_chunk));
+  set("memory.vae_tiling", s.vae_tiling ? "true" : "false");
   config::validate(out);
   return out;
 }

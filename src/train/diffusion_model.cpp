@@ -6,6 +6,8 @@
 #include <fstream>
 
 #include "families.h"
+#include "loratrain/models/sd/blocks.h"
+#include "loratrain/models/sd/vae.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -33,6 +35,13 @@ void place(torch::nn::Module& module, at::ScalarType dtype, c10::Device device) 
   module.to(device, dtype);
   module.eval();
   for (auto& p : module.parameters()) p.set_requires_grad(false);
+}
+
+void apply_compute_mode(torch::nn::Module& module, const ComputeMode& mode) {
+  for (auto& m : module.modules(true)) {
+    if (auto* a = m->as<models::sd::AttentionImpl>()) a->options.query_chunk = mode.attention_chunk;
+    if (auto* vae = m->as<models::sd::AutoencoderKLImpl>()) vae->use_tiling = mode.vae_tiling;
+  }
 }
 
 const at::Tensor& text_tensor(const TextEmbedding& text, const std::string& name) {

@@ -30,6 +30,8 @@ namespace family {
 std::string file_identity(const std::filesystem::path& path);
 // Device, dtype, eval mode and frozen: base weights never train (adapters live outside them).
 void place(torch::nn::Module& module, at::ScalarType dtype, c10::Device device);
+// `mode` on every attention layer and VAE inside `module`.
+void apply_compute_mode(torch::nn::Module& module, const ComputeMode& mode);
 // The named text tensor of a conditioning (lt::Error naming what is there when it is absent).
 const at::Tensor& text_tensor(const TextEmbedding& text, const std::string& name);
 

@@ -38,9 +38,12 @@ class SDModel final : public DiffusionModel {
   std::vector<LoRATarget> lora_targets() override;
   std::map<std::string, std::string> lora_metadata() const override;
   void set_gradient_checkpointing(bool enabled) override { unet_->set_gradient_checkpointing(enabled); }
+  void set_compute_mode(const ComputeMode& mode) override;
   void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
   int64_t quantize_base(bool text_encoders) override;
   void release(Encoder which) override;
+  // The VAE, loaded if it was released, in the current compute mode.
+  models::sd::AutoencoderKL& vae();
 
  private:
   models::sd::AutoencoderKL load_vae() const;
@@ -89,6 +92,7 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
     models::sd::load_unet(*unet_, *weights);
   }
   family::place(*unet_, options_.dtype, options_.device);
+  family::apply_compute_mode(*unet_, options_.compute);
   traits_.latent_channels = unet_->config.in_channels;
 
   if (options_.tokenizer_path) {
@@ -147,6 +151,17 @@ models::sd::AutoencoderKL SDModel::load_vae() const {
   return vae;
 }
 
+void SDModel::set_compute_mode(const ComputeMode& mode) {
+  options_.compute = mode;
+  family::apply_compute_mode(*unet_, mode);
+}
+
+models::sd::AutoencoderKL& SDModel::vae() {
+  auto& module = vae_.get();
+  family::apply_compute_mode(*module, options_.compute);
+  return module;
+}
+
 void SDModel::release(Encoder which) {
   if (which == Encoder::vae) vae_.release();
   // A trained text encoder carries adapters: it stays.
@@ -164,7 +179,7 @@ TextEmbedding SDModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  auto& vae_module = vae_.get();
+  auto& vae_module = vae();
   torch::NoGradGuard no_grad;
   auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
   at::Tensor z = generator ? dist.sample(generator) : dist.mode();
@@ -172,7 +187,7 @@ at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Ge
 }
 
 at::Tensor SDModel::decode_latents(const at::Tensor& latents) {
-  auto& vae_module = vae_.get();
+  auto& vae_module = vae();
   torch::NoGradGuard no_grad;
   return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
 }

@@ -32,9 +32,12 @@ class SDXLModel final : public DiffusionModel {
   std::vector<LoRATarget> lora_targets() override;
   std::map<std::string, std::string> lora_metadata() const override;
   void set_gradient_checkpointing(bool enabled) override { unet_->set_gradient_checkpointing(enabled); }
+  void set_compute_mode(const ComputeMode& mode) override;
   void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
   int64_t quantize_base(bool text_encoders) override;
   void release(Encoder which) override;
+  // The VAE, loaded if it was released, in the current compute mode.
+  models::sd::AutoencoderKL& vae();
 
  private:
   template <class Holder>
@@ -75,6 +78,7 @@ SDXLModel::SDXLModel(ModelLoadOptions options)
   model_id_ = std::string("sdxl|") + family::file_identity(checkpoint_.is_single_file() ? path : path / "unet") + "|" +
               c10::toString(options_.dtype);
   unet_ = placed(checkpoint_.load_unet(options_.dtype), options_.dtype);
+  family::apply_compute_mode(*unet_, options_.compute);
   traits_.latent_channels = unet_->config.in_channels;
   unet_spec_ = std::make_unique<lora::ComponentSpec>(lora::ComponentSpec::sdxl_unet(unet_->config));
   if (!options_.defer_encoders || options_.train_text_encoder) {
@@ -92,16 +96,16 @@ TextEmbedding SDXLModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor SDXLModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  auto& vae = vae_.get();
+  auto& vae_module = vae();
   torch::NoGradGuard no_grad;
-  auto dist = vae->encode(pixels.to(options_.device, at::kFloat));
-  return vae->scale_latents(generator ? dist.sample(generator) : dist.mode());
+  auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
+  return vae_module->scale_latents(generator ? dist.sample(generator) : dist.mode());
 }
 
 at::Tensor SDXLModel::decode_latents(const at::Tensor& latents) {
-  auto& vae = vae_.get();
+  auto& vae_module = vae();
   torch::NoGradGuard no_grad;
-  return vae->decode(vae->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
+  return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
 }
 
 at::Tensor SDXLModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
@@ -136,6 +140,17 @@ int64_t SDXLModel::quantize_base(bool text_encoders) {
     released += models::quantize_linear_layers(*text_encoder_2_.get());
   }
   return released;
+}
+
+void SDXLModel::set_compute_mode(const ComputeMode& mode) {
+  options_.compute = mode;
+  family::apply_compute_mode(*unet_, mode);
+}
+
+models::sd::AutoencoderKL& SDXLModel::vae() {
+  auto& module = vae_.get();
+  family::apply_compute_mode(*module, options_.compute);
+  return module;
 }
 
 void SDXLModel::release(Encoder which) {

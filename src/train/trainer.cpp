@@ -25,7 +25,6 @@
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
-#include "loratrain/models/attention.h"
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
@@ -164,6 +163,7 @@ class Trainer {
   TextEmbedding cached_text(const std::string& caption);
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
   PhaseContext step_context() const;
+  ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   bool sampling_due(int64_t step) const;
   bool unscale_gradients();
@@ -361,7 +361,6 @@ void Trainer::open_run_folder() {
   }
   dtype_ = dtype_from_name(config::canonical_dtype(p_->train.dtype));
   total_steps_ = p_->train.steps;
-  if (p_->memory.attention_chunk > 0) models::set_default_query_chunk(p_->memory.attention_chunk);
 
   const auto base = config::resolve_model_path(p_->model.name_or_path, "model.name_or_path");
   model_options_.name_or_path = base.path;
@@ -419,6 +418,7 @@ void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
   model_options_.defer_encoders = settings_.low_vram;
+  model_options_.compute = compute_mode();
   model_ = load_diffusion_model(model_options_);
   spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), p_->model.name_or_path);
 
@@ -496,6 +496,7 @@ void Trainer::build_caches() {
     options.to_disk = false;
     options.model_id = model_->model_id() + "|te";
     text_cache_ = std::make_unique<data::TextEmbeddingCache>(fs::path(d.folder_path) / "_t_e_cache", options);
+    guard_->set_context({0, 0, 0, 0, 1, 0});  // one caption at a time, no image
     if (auto captions = dataset_->fixed_captions()) {
       text_cache_->build(*captions, [this](const std::string& caption) { return cached_text(caption); });
     }
@@ -524,6 +525,8 @@ void Trainer::build_caches() {
 void Trainer::cache_latents() {
   auto generator = sample::make_generator(seed() + 1);
   auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
+    guard_->set_context({0, static_cast<int>(pixels.size(-1)), static_cast<int>(pixels.size(-2)), 1,
+                         static_cast<int>(pixels.size(0)), 0});
     return model_->encode_pixels(pixels, generator).to(at::kCPU);
   });
   spdlog::info("latents: {} encoded, {} from disk, {} in memory", stats.encoded, stats.from_disk, stats.in_memory);
@@ -808,6 +811,7 @@ void Trainer::sample_previews(int64_t step) {
     } reset{network_};
     for (size_t i = 0; i < prompts.size(); ++i) {
       const auto& prompt = prompts[i];
+      guard_->set_context({step, static_cast<int>(prompt.width), static_cast<int>(prompt.height), 1, 1, 0});
       network_->set_multiplier(prompt.network_multiplier);
       // A preview is conditioned as a training image of its own size, uncropped.
       const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
@@ -927,13 +931,19 @@ void Trainer::apply(const MemorySettings& next) {
   settings_ = next;
   if (!model_) return;  // failed while loading: load_model() reads settings_ on the retry
   if (change.checkpointing) model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
+  if (change.attention || change.vae_tiling) model_->set_compute_mode(compute_mode());
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
   if (latent_cache_ && change.buckets) cache_latents();
   if (change.quantize) {
     spdlog::info("base weights quantised to int8: {} released",
                  format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
   }
-  if (change.low_vram) release_encoders();
+  if (change.low_vram) {
+    // Both encoders leave the device now (a failure while caching needs the VAE alone there); each
+    // comes back when it is next used.
+    model_->release(Encoder::text);
+    model_->release(Encoder::vae);
+  }
 }
 
 // New buckets and/or batch size for the batch iterator. Inside a training step the data goes back

@@ -106,7 +106,8 @@ CATCH_TEST_CASE("guard (a): early-step OOM -> checkpointing -> batch 1, run comp
     guard.step_completed(step);
     ++step;
   }
-  CATCH_CHECK(kinds(guard) == std::vector<K>{K::enable_checkpointing, K::batch_to_one});
+  // Chunked attention first (the toy step has none: it does not help), then the playbook's order.
+  CATCH_CHECK(kinds(guard) == std::vector<K>{K::chunk_attention, K::enable_checkpointing, K::batch_to_one});
   CATCH_CHECK(done == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   CATCH_CHECK(guard.steps_completed() == 10);
   CATCH_CHECK(applied.batch_size == 1);
@@ -115,7 +116,7 @@ CATCH_TEST_CASE("guard (a): early-step OOM -> checkpointing -> batch 1, run comp
 
   // The log lines: one per change, in the documented fixed format.
   const auto lines = log.action_lines();
-  CATCH_REQUIRE(lines.size() == 2);
+  CATCH_REQUIRE(lines.size() == 3);
   std::smatch m;
   CATCH_REQUIRE(std::regex_match(lines[0], m, kLine));
   CATCH_CHECK(m[1] == "train_step");
@@ -123,8 +124,10 @@ CATCH_TEST_CASE("guard (a): early-step OOM -> checkpointing -> batch 1, run comp
   CATCH_CHECK(m[3] == "512");
   CATCH_CHECK(m[5] == "4");
   CATCH_CHECK(m[6] == "early_steps");
-  CATCH_CHECK(m[7] == "train.gradient_checkpointing: false -> true");
+  CATCH_CHECK(m[7] == "memory.attention_chunk: 0 -> 1024 (attention 1024 query rows at a time; same results)");
   CATCH_REQUIRE(std::regex_match(lines[1], m, kLine));
+  CATCH_CHECK(m[7] == "train.gradient_checkpointing: false -> true");
+  CATCH_REQUIRE(std::regex_match(lines[2], m, kLine));
   CATCH_CHECK(m[6] == "early_steps");
   CATCH_CHECK(m[7] == "train.batch_size: 4 -> 1, train.gradient_accumulation: 1 -> 4 (effective batch 4 kept)");
 
@@ -137,15 +140,21 @@ CATCH_TEST_CASE("guard (a): early-step OOM -> checkpointing -> batch 1, run comp
   CATCH_CHECK(guard.peaks().peak(Phase::train_step).peak == 5 * MiB);
   const nlohmann::json j = guard.to_json();
   CATCH_CHECK(j["outcome"] == "ok");
-  CATCH_CHECK(j["attempts"].size() == 2);
-  CATCH_CHECK(j["attempts"][0]["action"] == "enable_checkpointing");
-  CATCH_CHECK(j["attempts"][0]["classification"] == "early_steps");
-  CATCH_CHECK(j["attempts"][0]["bucket"] == nlohmann::json::array({512, 512}));
-  CATCH_CHECK(j["attempts"][1]["settings_after"]["gradient_accumulation"] == 4);
+  CATCH_CHECK(j["attempts"].size() == 3);
+  CATCH_CHECK(j["attempts"][1]["action"] == "enable_checkpointing");
+  CATCH_CHECK(j["attempts"][1]["classification"] == "early_steps");
+  CATCH_CHECK(j["attempts"][1]["bucket"] == nlohmann::json::array({512, 512}));
+  CATCH_CHECK(j["attempts"][2]["settings_after"]["gradient_accumulation"] == 4);
+  // All three changes came before the first step that ran: one price for them, after-only.
+  CATCH_CHECK(j["attempts"][2]["price"]["steps_before"] == 0);
+  CATCH_CHECK(j["attempts"][2]["price"]["steps_after"] == kPriceWindow);
+  CATCH_CHECK(j["attempts"][2]["price"]["shared_with"] == nlohmann::json::array({1, 2, 3}));
+  CATCH_CHECK(j["attempts"][0]["price"] == j["attempts"][2]["price"]);
   CATCH_CHECK(j["peaks"]["train_step"]["peak_allocated"].get<int64_t>() > 0);
   CATCH_CHECK(j["final_settings"]["batch_size"] == 1);
   const std::string summary = guard.summary();
-  CATCH_CHECK(summary.find("2 OOMs handled, 2 configuration changes") != std::string::npos);
+  CATCH_CHECK(summary.find("3 OOMs handled, 3 configuration changes") != std::string::npos);
+  CATCH_CHECK(summary.find("price of #1-#3 (chunk_attention, enable_checkpointing, batch_to_one):") != std::string::npos);
   CATCH_CHECK(summary.find("train_step") != std::string::npos);
 }
 
@@ -175,7 +184,8 @@ CATCH_TEST_CASE("guard (b): sampling OOM -> previews shrunk, then disabled; trai
       while (auto next = guard.attempt(Phase::sample, {step, applied.sample_width, applied.sample_height, 1, 1, 0}, sample)) applied = *next;
     }
   }
-  CATCH_CHECK(kinds(guard) == std::vector<K>{K::shrink_samples, K::disable_sampling});
+  // Chunked attention and tiling first (the toy preview has neither), then shrink and disable.
+  CATCH_CHECK(kinds(guard) == std::vector<K>{K::chunk_attention, K::tile_vae, K::shrink_samples, K::disable_sampling});
   CATCH_CHECK(samples_drawn == 0);
   CATCH_CHECK(applied.disable_sampling);
   CATCH_CHECK(applied.gradient_checkpointing == s.gradient_checkpointing);
@@ -185,7 +195,7 @@ CATCH_TEST_CASE("guard (b): sampling OOM -> previews shrunk, then disabled; trai
   for (const auto& line : log.action_lines()) CATCH_CHECK(line.find("sample(step 3") != std::string::npos);
 }
 
-CATCH_TEST_CASE("guard (c)/(d2): load OOM -> skip baseline -> low-VRAM path; too big -> exit 3", "[memory][guard]") {
+CATCH_TEST_CASE("guard (c)/(d2): load OOM -> low-VRAM path -> quantized base; too big -> exit 3", "[memory][guard]") {
   MemorySettings s = image_settings();
   s.gradient_checkpointing = true;
   s.batch_size = 1;
@@ -217,16 +227,15 @@ CATCH_TEST_CASE("guard (c)/(d2): load OOM -> skip baseline -> low-VRAM path; too
       }
     }
     if (base == 12) {
-      CATCH_CHECK(kinds(guard) == std::vector<K>{K::skip_baseline_sample, K::enable_low_vram, K::quantize_base});
+      CATCH_CHECK(kinds(guard) == std::vector<K>{K::enable_low_vram, K::quantize_base});
       CATCH_CHECK(model.defined());
       CATCH_CHECK_FALSE(gave_up);
-      CATCH_CHECK(applied.skip_first_sample);
+      CATCH_CHECK_FALSE(applied.skip_first_sample);  // a load failure is not the baseline's
       CATCH_CHECK(applied.low_vram);
       CATCH_CHECK(applied.quantize == Quantize::int8);
     } else {
       CATCH_REQUIRE(gave_up);
-      CATCH_CHECK(kinds(guard) == std::vector<K>{K::skip_baseline_sample, K::enable_low_vram,
-                                                 K::quantize_base, K::give_up_exhausted});
+      CATCH_CHECK(kinds(guard) == std::vector<K>{K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
       CATCH_CHECK(gave_up->exit_code == lt::ExitCode::kOomExhausted);
       // Names what would be needed: 20 MiB requested on top of what was allocated.
       CATCH_CHECK(gave_up->message.find("needs at least 20.00 MiB (0 B allocated + 20.00 MiB requested)") !=
@@ -294,7 +303,7 @@ CATCH_TEST_CASE("guard (e): video batch -> frames first", "[memory][guard]") {
   for (int64_t k = 1; k <= 3; ++k) {
     while (auto next = guard.attempt(Phase::train_step, {k, 128, 128, applied.num_frames, 1, 128}, step)) applied = *next;
   }
-  CATCH_CHECK(kinds(guard) == std::vector<K>{K::reduce_frames});
+  CATCH_CHECK(kinds(guard) == std::vector<K>{K::chunk_attention, K::reduce_frames});
   CATCH_CHECK(applied.num_frames == 17);
   CATCH_CHECK(applied.sample_num_frames == 17);
   CATCH_CHECK(guard.attempts()[0].classification == Classification::video_spike);
@@ -422,6 +431,7 @@ CATCH_TEST_CASE("guard: scale_up after stable steps, reverted for good when it f
   auto weights = torch::ones({MiB / 4}, torch::kFloat32);
   MemorySettings s = image_settings();
   s.gradient_checkpointing = true;  // batch 4 at 512 does not fit (9 MiB of 7); batch 2 does (5)
+  s.attention_chunk = kGuardAttentionChunk;  // already chunked: the ladder starts at the batch
   OomGuard guard(mem, {true, 20, true, 3}, s);
   MemorySettings applied = s;
   std::vector<std::string> scale_actions;
@@ -475,4 +485,43 @@ CATCH_TEST_CASE("phase scopes record the peak per phase, nested scopes fold into
   CATCH_CHECK(guard.steps_completed() == 1);
   CATCH_CHECK(format_progress({int64_t(1.2 * (1 << 30)), 0, int64_t(1.5 * (1 << 30))}) == "mem 1.2/1.5 GiB");
   CATCH_CHECK(format_progress({300 * MiB, 0, 401 * MiB}) == "mem 300.0/401.0 MiB");
+}
+
+CATCH_TEST_CASE("guard: the price of a change, s/step and peak before and after it", "[memory][guard]") {
+  LogCapture log;
+  CpuMemory mem(7 * MiB);
+  auto weights = torch::ones({MiB / 4}, torch::kFloat32);
+  MemorySettings s = image_settings();
+  s.batch_size = 1;
+  s.resolutions = {384, 512};
+  OomGuard guard(mem, {}, s);
+  MemorySettings applied = s;
+  // Steps 1-3 at 384 fit without checkpointing (1 + 4.5 MiB); step 4 at 512 needs 9 MiB: chunked
+  // attention does not help the toy step, checkpointing does (1 + 2 MiB); then 384 again.
+  for (int64_t step = 1; step <= 9; ++step) {
+    const int res = step == 4 ? 512 : 384;
+    while (auto next = guard.attempt(Phase::train_step, {step, res, res, 1, 1, res}, [&] { toy_train_step(applied, res); })) {
+      applied = *next;
+    }
+    guard.step_completed(step);
+  }
+  CATCH_REQUIRE(kinds(guard) == std::vector<K>{K::chunk_attention, K::enable_checkpointing});
+  CATCH_REQUIRE(guard.step_costs().size() == 9);
+  CATCH_CHECK(guard.step_costs()[3].step == 4);
+  const auto price = guard.price(1);
+  CATCH_REQUIRE(price);
+  CATCH_CHECK(price->attempts == std::vector<int>{1, 2});
+  CATCH_CHECK(price->steps_before == 3);
+  CATCH_CHECK(price->steps_after == static_cast<int>(kPriceWindow));
+  CATCH_CHECK(*price->peak_before == MiB + 8 * 384 * 384 * 4);
+  CATCH_CHECK(*price->peak_after == MiB + 2 * 512 * 512 * 4);  // step 4 itself, at 512
+  CATCH_REQUIRE(price->peak_change());
+  CATCH_CHECK(*price->peak_change() < -0.4);
+  CATCH_CHECK(price->time_change());
+  CATCH_CHECK(price->describe().find("% peak (5.50 MiB -> 3.00 MiB)") != std::string::npos);
+  const std::string summary = guard.summary();
+  CATCH_CHECK(summary.find("price of #1-#2 (chunk_attention, enable_checkpointing): ") != std::string::npos);
+  const nlohmann::json j = guard.to_json();
+  CATCH_CHECK(j["attempts"][1]["price"]["peak_before"] == *price->peak_before);
+  CATCH_CHECK(j["attempts"][1]["price"]["steps_before"] == 3);
 }

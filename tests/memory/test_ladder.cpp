@@ -151,26 +151,32 @@ CATCH_TEST_CASE("classification: fragmentation and environment", "[memory][ladde
 
 CATCH_TEST_CASE("ladder: early-step OOM, checkpointing off, batch 4, buckets [256, 512]", "[memory][ladder]") {
   const Run run = drive(context(Phase::train_step, 1, image_settings()));
-  CATCH_CHECK(run.kinds == std::vector<K>{K::enable_checkpointing, K::batch_to_one, K::drop_largest_bucket,
-                                          K::disable_sampling, K::enable_low_vram, K::quantize_base,
-                                          K::give_up_exhausted});
-  CATCH_CHECK(run.actions[0].settings.gradient_checkpointing);
-  CATCH_CHECK(run.actions[0].settings.batch_size == 4);
+  // The exact lever first (chunked attention changes no result), then the playbook's order.
+  CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::enable_checkpointing, K::batch_to_one,
+                                          K::drop_largest_bucket, K::disable_sampling, K::enable_low_vram,
+                                          K::quantize_base, K::give_up_exhausted});
+  CATCH_CHECK(run.actions[0].settings.attention_chunk == kGuardAttentionChunk);
+  CATCH_CHECK(run.actions[0].description ==
+              "memory.attention_chunk: 0 -> 1024 (attention 1024 query rows at a time; same results)");
+  CATCH_CHECK(run.actions[1].settings.gradient_checkpointing);
+  CATCH_CHECK(run.actions[1].settings.batch_size == 4);
   // Batch 1 keeps the effective batch through accumulation.
-  CATCH_CHECK(run.actions[1].settings.batch_size == 1);
-  CATCH_CHECK(run.actions[1].settings.grad_accumulation == 4);
-  CATCH_CHECK(run.actions[1].settings.effective_batch() == 4);
+  CATCH_CHECK(run.actions[2].settings.batch_size == 1);
+  CATCH_CHECK(run.actions[2].settings.grad_accumulation == 4);
+  CATCH_CHECK(run.actions[2].settings.effective_batch() == 4);
   // The largest bucket is removed, not its images: 512 re-buckets to 256.
-  CATCH_CHECK(run.actions[2].settings.active_resolutions() == std::vector<int>{256});
-  CATCH_CHECK(run.actions[2].settings.resolutions == std::vector<int>{256, 512});
-  CATCH_CHECK(run.actions[3].settings.disable_sampling);
-  CATCH_CHECK(run.actions[4].settings.low_vram);
-  CATCH_CHECK(run.actions[5].settings.quantize == Quantize::int8);
+  CATCH_CHECK(run.actions[3].settings.active_resolutions() == std::vector<int>{256});
+  CATCH_CHECK(run.actions[3].settings.resolutions == std::vector<int>{256, 512});
+  CATCH_CHECK(run.actions[4].settings.disable_sampling);
+  CATCH_CHECK(run.actions[5].settings.low_vram);
+  CATCH_CHECK(run.actions[6].settings.quantize == Quantize::int8);
+  // Training never tiles the VAE (latents are cached; tiling would change them).
+  for (const Action& a : run.actions) CATCH_CHECK_FALSE(a.settings.vae_tiling);
   CATCH_CHECK(run.last.exit_code() == 3);
   // The exhausted message names the memory the step would need: allocated + requested.
   CATCH_CHECK(run.last.description.find("needs at least 2.10 GiB (1.80 GiB allocated + 300.00 MiB requested)") !=
               std::string::npos);
-  CATCH_CHECK(run.actions[1].description ==
+  CATCH_CHECK(run.actions[2].description ==
               "train.batch_size: 4 -> 1, train.gradient_accumulation: 1 -> 4 (effective batch 4 kept)");
 }
 
@@ -179,25 +185,35 @@ CATCH_TEST_CASE("ladder: step 1 exactly with batch 1: checkpointing and lower re
   s.batch_size = 1;
   s.resolutions = {512, 1024};
   const Run run = drive(context(Phase::train_step, 1, s));
-  CATCH_CHECK(run.kinds == std::vector<K>{K::checkpointing_and_lower_resolution, K::disable_sampling,
-                                          K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
-  CATCH_CHECK(run.actions[0].settings.gradient_checkpointing);
-  CATCH_CHECK(run.actions[0].settings.active_resolutions() == std::vector<int>{512});
+  CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::checkpointing_and_lower_resolution,
+                                          K::disable_sampling, K::enable_low_vram, K::quantize_base,
+                                          K::give_up_exhausted});
+  CATCH_CHECK(run.actions[1].settings.gradient_checkpointing);
+  CATCH_CHECK(run.actions[1].settings.active_resolutions() == std::vector<int>{512});
   // Not at the first step: one change at a time.
   auto later = context(Phase::train_step, 5, s);
   later.steps_completed = 4;
-  CATCH_CHECK(drive(later).kinds.front() == K::enable_checkpointing);
+  CATCH_CHECK(drive(later).kinds[1] == K::enable_checkpointing);
+  // Attention already chunked as small as the guard would: the ladder starts at checkpointing.
+  s.attention_chunk = 512;
+  CATCH_CHECK(drive(context(Phase::train_step, 1, s)).kinds.front() == K::checkpointing_and_lower_resolution);
 }
 
 CATCH_TEST_CASE("ladder: sampling OOM shrinks previews, then disables them; training untouched", "[memory][ladder]") {
   MemorySettings s = image_settings();
   s.gradient_checkpointing = true;
   const Run run = drive(context(Phase::sample, 100, s));
-  CATCH_CHECK(run.kinds == std::vector<K>{K::shrink_samples, K::disable_sampling, K::give_up_exhausted});
-  CATCH_CHECK(run.actions[0].settings.sample_width == 256);
-  CATCH_CHECK(run.actions[0].settings.sample_height == 256);
-  CATCH_CHECK(run.actions[0].settings.sample_steps == 10);
-  CATCH_CHECK(run.actions[0].description ==
+  // Chunked attention and tiled decode keep the previews at their size; then they shrink.
+  CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::tile_vae, K::shrink_samples, K::disable_sampling,
+                                          K::give_up_exhausted});
+  CATCH_CHECK(run.actions[1].settings.vae_tiling);
+  CATCH_CHECK(run.actions[1].settings.sample_width == 512);
+  CATCH_CHECK(run.actions[1].description ==
+              "memory.vae_tiling: false -> true (VAE encode/decode in blended tiles; images at their size)");
+  CATCH_CHECK(run.actions[2].settings.sample_width == 256);
+  CATCH_CHECK(run.actions[2].settings.sample_height == 256);
+  CATCH_CHECK(run.actions[2].settings.sample_steps == 10);
+  CATCH_CHECK(run.actions[2].description ==
               "sample.width/height: 512x512 -> 256x256, sample.sample_steps: 20 -> 10");
   for (const Action& a : run.actions) {
     CATCH_CHECK(a.settings.batch_size == s.batch_size);
@@ -209,27 +225,37 @@ CATCH_TEST_CASE("ladder: sampling OOM shrinks previews, then disables them; trai
   s.sample_width = 1024;
   s.sample_height = 1024;
   CATCH_CHECK(drive(context(Phase::sample, 100, s)).kinds ==
-              std::vector<K>{K::shrink_samples, K::shrink_samples, K::disable_sampling, K::give_up_exhausted});
+              std::vector<K>{K::chunk_attention, K::tile_vae, K::shrink_samples, K::shrink_samples,
+                             K::disable_sampling, K::give_up_exhausted});
   s.sample_width = 832;
   s.sample_height = 480;
   const Run wide = drive(context(Phase::sample, 100, s));
-  CATCH_CHECK(wide.actions[0].settings.sample_height == 256);
-  CATCH_CHECK(wide.actions[0].settings.sample_width == 432);
+  CATCH_CHECK(wide.actions[2].settings.sample_height == 256);
+  CATCH_CHECK(wide.actions[2].settings.sample_width == 432);
 }
 
-CATCH_TEST_CASE("ladder: load OOM skips the baseline sample, then the low-VRAM path", "[memory][ladder]") {
+CATCH_TEST_CASE("ladder: load, cache and baseline sample each have their own ladder", "[memory][ladder]") {
   MemorySettings s = image_settings();
   s.gradient_checkpointing = true;
   s.batch_size = 1;
   s.resolutions = {512};
-  const Run run = drive(context(Phase::load, 0, s));
-  CATCH_CHECK(run.kinds == std::vector<K>{K::skip_baseline_sample, K::enable_low_vram, K::quantize_base,
-                                          K::give_up_exhausted});
-  CATCH_CHECK(run.actions[0].settings.skip_first_sample);
-  CATCH_CHECK_FALSE(run.actions[0].settings.disable_sampling);
-  CATCH_CHECK(run.last.exit_code() == 3);
-  // A baseline-sample OOM is phase A too.
-  CATCH_CHECK(drive(context(Phase::baseline_sample, 0, s)).kinds.front() == K::skip_baseline_sample);
+  // Loading the model: its low-memory path, then the quantized base.
+  const Run load = drive(context(Phase::load, 0, s));
+  CATCH_CHECK(load.kinds == std::vector<K>{K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
+  CATCH_CHECK(load.last.exit_code() == 3);
+  // Caching latents: exact levers first (chunked attention, the VAE alone on the device), then
+  // tiled encode; only when all of them are in effect is the resident denoiser quantized.
+  const Run cache = drive(context(Phase::cache, 0, s));
+  CATCH_CHECK(cache.kinds == std::vector<K>{K::chunk_attention, K::enable_low_vram, K::tile_vae, K::quantize_base,
+                                            K::give_up_exhausted});
+  for (size_t i = 0; i < 3; ++i) CATCH_CHECK(cache.actions[i].settings.quantize == Quantize::none);
+  // The baseline sample: exact levers, tiled decode, then skip the baseline only, then phase A's
+  // low-memory path.
+  const Run baseline = drive(context(Phase::baseline_sample, 0, s));
+  CATCH_CHECK(baseline.kinds == std::vector<K>{K::chunk_attention, K::tile_vae, K::skip_baseline_sample,
+                                               K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
+  CATCH_CHECK(baseline.actions[2].settings.skip_first_sample);
+  CATCH_CHECK_FALSE(baseline.actions[2].settings.disable_sampling);
 }
 
 CATCH_TEST_CASE("ladder: environment gives up after at most one retry", "[memory][ladder]") {
@@ -253,16 +279,16 @@ CATCH_TEST_CASE("ladder: video lowers frames first", "[memory][ladder]") {
   s.sample_num_frames = 81;
   s.batch_size = 2;
   const Run run = drive(context(Phase::train_step, 3, s));
-  CATCH_CHECK(run.kinds == std::vector<K>{K::reduce_frames, K::reduce_frames, K::enable_checkpointing,
-                                          K::batch_to_one, K::drop_largest_bucket, K::reduce_frames,
-                                          K::reduce_frames, K::disable_sampling, K::enable_low_vram,
-                                          K::quantize_base, K::give_up_exhausted});
-  CATCH_CHECK(run.actions[0].settings.num_frames == 41);
-  CATCH_CHECK(run.actions[0].settings.sample_num_frames == 41);
-  CATCH_CHECK(run.actions[1].settings.num_frames == 21);
-  CATCH_CHECK(run.actions[5].settings.num_frames == 9);
-  CATCH_CHECK(run.actions[6].settings.num_frames == 5);
-  CATCH_CHECK(run.actions[0].description == "datasets.num_frames: 81 -> 41, sample.num_frames: 81 -> 41");
+  CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::reduce_frames, K::reduce_frames,
+                                          K::enable_checkpointing, K::batch_to_one, K::drop_largest_bucket,
+                                          K::reduce_frames, K::reduce_frames, K::disable_sampling,
+                                          K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
+  CATCH_CHECK(run.actions[1].settings.num_frames == 41);
+  CATCH_CHECK(run.actions[1].settings.sample_num_frames == 41);
+  CATCH_CHECK(run.actions[2].settings.num_frames == 21);
+  CATCH_CHECK(run.actions[6].settings.num_frames == 9);
+  CATCH_CHECK(run.actions[7].settings.num_frames == 5);
+  CATCH_CHECK(run.actions[1].description == "datasets.num_frames: 81 -> 41, sample.num_frames: 81 -> 41");
 }
 
 CATCH_TEST_CASE("ladder: fragmentation empties the cache and retries once, then climbs", "[memory][ladder]") {
@@ -275,15 +301,16 @@ CATCH_TEST_CASE("ladder: fragmentation empties the cache and retries once, then 
   CATCH_CHECK(run.kinds[0] == K::empty_cache_retry);
   CATCH_CHECK(run.actions[0].settings == ctx.settings);
   // Once spent for this step, the ladder of the underlying class ("sometimes": largest bucket).
-  CATCH_CHECK(run.kinds[1] == K::drop_largest_bucket);
-  CATCH_CHECK(run.kinds[2] == K::enable_checkpointing);
+  CATCH_CHECK(run.kinds[1] == K::chunk_attention);
+  CATCH_CHECK(run.kinds[2] == K::drop_largest_bucket);
+  CATCH_CHECK(run.kinds[3] == K::enable_checkpointing);
   CATCH_CHECK(std::count(run.kinds.begin(), run.kinds.end(), K::empty_cache_retry) == 1);
 
   // A quick retry is per step: another step gets its own.
   LadderHistory h;
   h.initial = ctx.settings;
   h.quick_retries.push_back({Phase::train_step, 20});
-  CATCH_CHECK(next_action(ctx, classify(ctx), h).kind == K::drop_largest_bucket);
+  CATCH_CHECK(next_action(ctx, classify(ctx), h).kind == K::chunk_attention);
   ctx.where.step = 21;
   CATCH_CHECK(next_action(ctx, classify(ctx), h).kind == K::empty_cache_retry);
 
@@ -295,14 +322,14 @@ CATCH_TEST_CASE("ladder: fragmentation empties the cache and retries once, then 
   CATCH_REQUIRE(t.kinds.size() > kTransientRetries);
   CATCH_CHECK(std::vector<K>(t.kinds.begin(), t.kinds.begin() + kTransientRetries + 1) ==
               std::vector<K>{K::empty_cache_retry, K::empty_cache_retry, K::empty_cache_retry,
-                             K::drop_largest_bucket});
+                             K::chunk_attention});
 }
 
 CATCH_TEST_CASE("ladder: later steps on the largest bucket drop it first", "[memory][ladder]") {
   const Run run = drive(context(Phase::train_step, 200, image_settings()));
-  CATCH_CHECK(run.kinds == std::vector<K>{K::drop_largest_bucket, K::enable_checkpointing, K::batch_to_one,
-                                          K::disable_sampling, K::enable_low_vram, K::quantize_base,
-                                          K::give_up_exhausted});
+  CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::drop_largest_bucket, K::enable_checkpointing,
+                                          K::batch_to_one, K::disable_sampling, K::enable_low_vram,
+                                          K::quantize_base, K::give_up_exhausted});
 }
 
 CATCH_TEST_CASE("ladder: never an identical retry, always terminates", "[memory][ladder]") {
@@ -321,6 +348,8 @@ CATCH_TEST_CASE("ladder: never an identical retry, always terminates", "[memory]
     s.disable_sampling = rng() % 4 == 0;
     s.skip_first_sample = rng() % 3 == 0;
     s.low_vram = rng() % 4 == 0;
+    s.attention_chunk = rng() % 3 == 0 ? 256 * (rng() % 8) : 0;
+    s.vae_tiling = rng() % 4 == 0;
     s.is_video = rng() % 3 == 0;
     s.num_frames = s.is_video ? 1 + 4 * (rng() % 30) : 1;
     s.sample_num_frames = s.num_frames;

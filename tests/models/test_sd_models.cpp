@@ -252,15 +252,25 @@ CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
   CATCH_CHECK((sliced - plain).abs().max().item<double>() <= 1e-5);
   CATCH_CHECK((ds.mean - d.mean).abs().max().item<double>() <= 1e-5);
 
-  // Tiles larger than the latent: identical to plain decoding.
+  // Tiles no smaller than the latent: tiled at half the larger side (8 of 16), never a no-op.
   vae->use_tiling = true;
-  CATCH_CHECK(torch::equal(vae->decode(z), plain));
+  CATCH_CHECK(vae->tile_latent_min_size >= 16);
+  at::Tensor halved = vae->decode(z);
+  CATCH_CHECK(halved.sizes() == plain.sizes());
+  CATCH_CHECK_FALSE(torch::equal(halved, plain));
   // 8x8 latent tiles with 2-row overlap over a 16x16 latent: same image size, seams blended.
   vae->tile_sample_min_size = 16;
   vae->tile_latent_min_size = 8;
   at::Tensor tiled = vae->decode(z);
+  CATCH_CHECK(torch::equal(tiled, halved));
   CATCH_CHECK(tiled.sizes() == plain.sizes());
   CATCH_CHECK(torch::isfinite(tiled).all().item<bool>());
+  // Encoding tiles the same way: the moments' first tile interior is that pixel tile's alone.
+  DiagonalGaussian dt = vae->encode(img);
+  CATCH_CHECK(dt.mean.sizes() == d.mean.sizes());
+  at::Tensor first_moments = vae->quant_conv(vae->encoder(img.slice(2, 0, 16).slice(3, 0, 16)));
+  CATCH_CHECK((dt.mean.slice(2, 0, 6).slice(3, 0, 6) - first_moments.slice(1, 0, 4).slice(2, 0, 6).slice(3, 0, 6))
+                  .abs().max().item<double>() <= 1e-6);
   // The first tile's interior (away from any seam) is the decoder's output for that tile alone.
   at::Tensor first = vae->decoder(vae->post_quant_conv(z.slice(2, 0, 8).slice(3, 0, 8)));
   CATCH_CHECK((tiled.slice(2, 0, 12).slice(3, 0, 12) - first.slice(2, 0, 12).slice(3, 0, 12)).abs().max().item<double>() <= 1e-6);

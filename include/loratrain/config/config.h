@@ -218,6 +218,7 @@ struct MemoryConfig {
   std::string alloc_conf;   // PYTORCH_CUDA_ALLOC_CONF for this run ("" = leave as is)
   OomGuardConfig oom_guard;
   int attention_chunk = 0;  // query rows per attention chunk; 0 = whole sequence
+  bool vae_tiling = false;  // VAE encode/decode in overlapping tiles
 };
 
 // config.process[0]

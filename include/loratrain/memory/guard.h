@@ -34,6 +34,31 @@ struct GuardOptions {
   int scale_up_after = 100;  // stable training steps before each scale-up (and to keep one)
 };
 
+// One successful training step as the guard timed it: its own attempt only (not the failed ones
+// before it), and the step's peak memory.
+struct StepCost {
+  int64_t step = 0;
+  double seconds = 0;
+  int64_t peak = 0;
+};
+
+// What a change cost: s/step and peak memory over up to kPriceWindow steps before it (since the
+// previous change) and after it (until the next one). Changes made before the same step (one OOM
+// answered by several levers in turn) share one price. Empty windows are nullopt (a change before
+// training has no "before").
+inline constexpr size_t kPriceWindow = 5;
+struct Price {
+  std::vector<int> attempts;  // the attempt numbers sharing this price
+  int steps_before = 0;
+  int steps_after = 0;
+  std::optional<double> seconds_before, seconds_after;  // mean s/step
+  std::optional<int64_t> peak_before, peak_after;       // max peak bytes
+  std::optional<double> time_change() const;   // +0.24 = 24% slower
+  std::optional<double> peak_change() const;   // -0.38 = 38% less peak
+  // "+24% s/step (0.110 -> 0.136 s), -38% peak (24.5 -> 15.2 MiB)", or the after-only figures.
+  std::string describe() const;
+};
+
 // One OOM and what the guard did about it (report.json "attempts").
 struct AttemptRecord {
   int attempt = 0;  // 1-based, in order
@@ -50,6 +75,7 @@ struct AttemptRecord {
   MemorySettings settings;  // in effect after the action
   double at_seconds = 0;    // since the guard was created
   double recover_seconds = 0;  // time spent inside recover()
+  size_t steps_before = 0;     // training steps timed before this attempt (index into step costs)
 };
 
 struct ScaleUpRecord {
@@ -98,7 +124,7 @@ class PhaseScope {
   PhaseScope(const PhaseScope&) = delete;
   ~PhaseScope();
   // The context may become known inside the phase (the bucket after the batch is drawn).
-  void update(const PhaseContext& where);
+  void update(const PhaseContext& where);  // same as OomGuard::set_context while this is innermost
 
  private:
   friend class OomGuard;
@@ -117,6 +143,9 @@ class OomGuard {
 
   PhaseScope enter(Phase phase, PhaseContext where = {});
   PhaseScope phase(Phase p, PhaseContext where = {}) { return enter(p, where); }
+  // What the innermost phase is doing now (the image being encoded, the preview being made): an
+  // OOM is reported and classified with it.
+  void set_context(const PhaseContext& where);
 
   // Call from a catch block after the failed scope unwound. Not a memory failure (or guard
   // disabled): rethrow. Otherwise logs one line, empties caches and returns the retry with one
@@ -151,6 +180,9 @@ class OomGuard {
   const std::vector<AttemptRecord>& attempts() const { return attempts_; }
   const std::vector<ScaleUpRecord>& scale_ups() const { return scale_ups_; }
   const PhasePeaks& peaks() const { return peaks_; }
+  const std::vector<StepCost>& step_costs() const { return step_costs_; }
+  // The price of attempts()[index]: nullopt for retries without a change and for give-ups.
+  std::optional<Price> price(size_t index) const;
   int64_t steps_completed() const { return steps_completed_; }
   std::optional<Phase> current_phase() const;
   DeviceMemory& memory() { return memory_; }
@@ -167,6 +199,7 @@ class OomGuard {
     Phase phase;
     PhaseContext where;
     int64_t running_peak = 0;
+    std::chrono::steady_clock::time_point started;
   };
   struct Failure {
     Phase phase;
@@ -191,6 +224,7 @@ class OomGuard {
   std::optional<Failure> last_failure_;
   std::vector<std::pair<Phase, int64_t>> failed_steps_;
   std::vector<AttemptRecord> attempts_;
+  std::vector<StepCost> step_costs_;
   std::vector<ScaleUpRecord> scale_ups_;
   std::set<ScaleLever> blocked_;
   std::optional<PendingScaleUp> pending_;

@@ -1,5 +1,7 @@
 // The rollback ladder (OOM_PLAYBOOK.md §3-§5) as pure functions: given how it failed, the settings
 // in effect and what was tried, the one next change. No I/O, no device: tests assert sequences.
+// Each phase's ladder starts with the levers that change nothing in the results, then follows the
+// playbook's order for the settings it names (docs/oom-guard.md lists every ladder).
 #pragma once
 #include <iosfwd>
 #include <optional>
@@ -11,9 +13,15 @@
 
 namespace lt::memory {
 
+// The attention chunk the guard sets: small enough that one chunk's scores of a long sequence
+// (SDXL's 4096 tokens, a Wan clip's tens of thousands) are a fraction of the whole matrix.
+inline constexpr int kGuardAttentionChunk = 1024;
+
 enum class ActionKind {
   empty_cache_retry,       // same settings, caches emptied: once per failing step (a few times
                            // when the request fitted in free memory: transient)
+  chunk_attention,         // attention a chunk of query rows at a time: exact, the first lever
+  tile_vae,                // VAE encode/decode in blended tiles (within the VAE's tiling tolerance)
   enable_checkpointing,
   batch_to_one,            // gradient accumulation multiplied by the old batch: effective batch kept
   drop_largest_bucket,     // its images are re-bucketed to the next resolution down

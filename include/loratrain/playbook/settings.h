@@ -35,6 +35,9 @@ struct MemorySettings {
   int num_frames = 1;                   // datasets[].num_frames
   int sample_num_frames = 1;            // sample.num_frames
   bool is_video = false;                // the model trains on clips (frames are a lever)
+  // Levers that change nothing in the results (or stay within the VAE's own tiling tolerance).
+  int attention_chunk = 0;              // memory.attention_chunk: query rows at a time, 0 = all
+  bool vae_tiling = false;              // memory.vae_tiling: VAE encode/decode in overlapping tiles
 
   // The resolutions still in use (the configured ones minus the dropped largest).
   std::vector<int> active_resolutions() const;
@@ -53,7 +56,11 @@ struct SettingsChange {
   bool frames = false;         // clip length changed: re-plan, re-cache latents
   bool quantize = false;       // the frozen base goes to 8 bits
   bool low_vram = false;       // encoders leave the device until used
-  bool any() const { return checkpointing || batch_size || buckets || frames || quantize || low_vram; }
+  bool attention = false;      // the attention chunk size changed on every model
+  bool vae_tiling = false;     // the VAE tiles (or stops tiling)
+  bool any() const {
+    return checkpointing || batch_size || buckets || frames || quantize || low_vram || attention || vae_tiling;
+  }
 };
 SettingsChange changes(const MemorySettings& before, const MemorySettings& after);
 

@@ -80,6 +80,14 @@ struct LoRATarget {
   torch::nn::Module* root;
 };
 
+// How the model computes where that saves memory without changing what it learns: attention a
+// chunk of query rows at a time (exact), VAE encode/decode in blended tiles (within the VAE's
+// tiling tolerance). The OOM guard's cheapest levers.
+struct ComputeMode {
+  int64_t attention_chunk = 0;  // query rows at a time; 0 = the whole sequence
+  bool vae_tiling = false;
+};
+
 struct ModelLoadOptions {
   std::filesystem::path name_or_path;                   // model.name_or_path (resolved)
   std::optional<ModelFamily> expected;                  // model.arch, when the config names one
@@ -91,6 +99,7 @@ struct ModelLoadOptions {
   // The low-VRAM path: load only the denoiser now; the VAE and text encoders when first used.
   bool defer_encoders = false;
   bool train_text_encoder = false;                      // text encoders get adapters
+  ComputeMode compute;
 };
 
 enum class Encoder { vae, text };
@@ -120,6 +129,7 @@ class DiffusionModel {
   virtual std::map<std::string, std::string> lora_metadata() const = 0;
 
   virtual void set_gradient_checkpointing(bool enabled) = 0;
+  virtual void set_compute_mode(const ComputeMode& mode) = 0;
   // Training mode of the denoiser (dropout); previews run it in eval mode (see EvalScope).
   virtual void set_training(bool training) = 0;
   // The frozen denoiser's Linear weights (and the text encoders' with `text_encoders`) to int8 with

@@ -307,6 +307,10 @@ AutoencoderKLImpl::AutoencoderKLImpl(const VAEConfig& c) : config(c) {
 
 DiagonalGaussian AutoencoderKLImpl::encode(const at::Tensor& image) {
   auto moments_of = [this](const at::Tensor& x) {
+    const int64_t f = downscale_factor();
+    if (use_tiling) {
+      if (int64_t tile = tile_latent_for(x.size(-2) / f, x.size(-1) / f)) return tiled_encode(x, tile);
+    }
     at::Tensor h = encoder(x);
     return quant_conv ? quant_conv(h) : h;  // [B, 2*latent, h, w]
   };
@@ -328,30 +332,25 @@ at::Tensor AutoencoderKLImpl::decode(const at::Tensor& latent) {
 }
 
 at::Tensor AutoencoderKLImpl::decode_one(const at::Tensor& latent) {
-  if (use_tiling && (latent.size(-1) > tile_latent_min_size || latent.size(-2) > tile_latent_min_size)) {
-    return tiled_decode(latent);
+  if (use_tiling) {
+    if (int64_t tile = tile_latent_for(latent.size(-2), latent.size(-1))) return tiled_decode(latent, tile);
   }
   return decoder(post_quant_conv ? post_quant_conv(latent) : latent);
 }
 
-// Mirrors diffusers AutoencoderKL.tiled_decode: overlapping latent tiles decoded separately, each
-// blended in place with its (already blended) upper and left neighbours, then cropped and joined.
-at::Tensor AutoencoderKLImpl::tiled_decode(const at::Tensor& z) {
-  const int64_t overlap_size = static_cast<int64_t>(tile_latent_min_size * (1 - tile_overlap_factor));
-  const int64_t blend_extent = static_cast<int64_t>(tile_sample_min_size * tile_overlap_factor);
-  const int64_t row_limit = tile_sample_min_size - blend_extent;
-  TORCH_CHECK(overlap_size > 0, "VAE tiling: tile_latent_min_size too small for the overlap factor");
+int64_t AutoencoderKLImpl::tile_latent_for(int64_t h, int64_t w) const {
+  const int64_t side = std::max(h, w);
+  if (side > tile_latent_min_size) return tile_latent_min_size;
+  const int64_t half = std::max(kMinTileLatent, (side + 1) / 2);
+  return half < side ? half : 0;
+}
 
-  std::vector<std::vector<at::Tensor>> rows;
-  for (int64_t i = 0; i < z.size(2); i += overlap_size) {
-    std::vector<at::Tensor> row;
-    for (int64_t j = 0; j < z.size(3); j += overlap_size) {
-      at::Tensor tile = z.slice(2, i, i + tile_latent_min_size).slice(3, j, j + tile_latent_min_size);
-      if (post_quant_conv) tile = post_quant_conv(tile);
-      row.push_back(decoder(tile));
-    }
-    rows.push_back(std::move(row));
-  }
+namespace {
+
+// Overlapping tiles -> one tensor: each tile blended in place with its (already blended) upper and
+// left neighbours over `blend_extent`, cropped to `row_limit`, joined (diffusers' tiled encode and
+// decode share this).
+at::Tensor join_tiles(std::vector<std::vector<at::Tensor>>& rows, int64_t blend_extent, int64_t row_limit) {
   // b's first `extent` rows (dim 2) or columns (dim 3) fade in from a's last ones.
   auto blend = [](const at::Tensor& a, at::Tensor& b, int64_t extent, int64_t dim) {
     extent = std::min({a.size(dim), b.size(dim), extent});
@@ -376,6 +375,47 @@ at::Tensor AutoencoderKLImpl::tiled_decode(const at::Tensor& z) {
     result_rows.push_back(torch::cat(result_row, 3));
   }
   return torch::cat(result_rows, 2);
+}
+
+}  // namespace
+
+// Mirrors diffusers AutoencoderKL._tiled_encode: overlapping pixel tiles encoded separately, their
+// moments blended at the seams.
+at::Tensor AutoencoderKLImpl::tiled_encode(const at::Tensor& x, int64_t tile_latent) {
+  const int64_t tile_sample = tile_latent * downscale_factor();
+  const int64_t overlap_size = static_cast<int64_t>(tile_sample * (1 - tile_overlap_factor));
+  const int64_t blend_extent = static_cast<int64_t>(tile_latent * tile_overlap_factor);
+  const int64_t row_limit = tile_latent - blend_extent;
+  std::vector<std::vector<at::Tensor>> rows;
+  for (int64_t i = 0; i < x.size(2); i += overlap_size) {
+    std::vector<at::Tensor> row;
+    for (int64_t j = 0; j < x.size(3); j += overlap_size) {
+      at::Tensor tile = encoder(x.slice(2, i, i + tile_sample).slice(3, j, j + tile_sample));
+      row.push_back(quant_conv ? quant_conv(tile) : tile);
+    }
+    rows.push_back(std::move(row));
+  }
+  return join_tiles(rows, blend_extent, row_limit);
+}
+
+// Mirrors diffusers AutoencoderKL.tiled_decode.
+at::Tensor AutoencoderKLImpl::tiled_decode(const at::Tensor& z, int64_t tile_latent) {
+  const int64_t tile_sample = tile_latent * downscale_factor();
+  const int64_t overlap_size = static_cast<int64_t>(tile_latent * (1 - tile_overlap_factor));
+  const int64_t blend_extent = static_cast<int64_t>(tile_sample * tile_overlap_factor);
+  const int64_t row_limit = tile_sample - blend_extent;
+  TORCH_CHECK(overlap_size > 0, "VAE tiling: tile_latent_min_size too small for the overlap factor");
+  std::vector<std::vector<at::Tensor>> rows;
+  for (int64_t i = 0; i < z.size(2); i += overlap_size) {
+    std::vector<at::Tensor> row;
+    for (int64_t j = 0; j < z.size(3); j += overlap_size) {
+      at::Tensor tile = z.slice(2, i, i + tile_latent).slice(3, j, j + tile_latent);
+      if (post_quant_conv) tile = post_quant_conv(tile);
+      row.push_back(decoder(tile));
+    }
+    rows.push_back(std::move(row));
+  }
+  return join_tiles(rows, blend_extent, row_limit);
 }
 
 at::Tensor AutoencoderKLImpl::scale_latents(const at::Tensor& z) const {

@@ -128,12 +128,15 @@ class AutoencoderKLImpl : public torch::nn::Module {
   at::Tensor unscale_latents(const at::Tensor& z) const;
 
   // Memory options (diffusers enable_slicing / enable_tiling): slicing runs one image at a time;
-  // tiling decodes overlapping latent tiles of tile_latent_min_size and blends the seams.
+  // tiling encodes and decodes overlapping tiles of tile_sample_min_size pixels (the config's
+  // sample_size) and blends the seams. An image no larger than a tile is tiled at half its larger
+  // side (not below kMinTileLatent latent cells), so tiling always lowers the peak.
   bool use_slicing = false;
   bool use_tiling = false;
   int64_t tile_sample_min_size;
   int64_t tile_latent_min_size;
   double tile_overlap_factor = 0.25;
+  static constexpr int64_t kMinTileLatent = 8;
 
   void set_gradient_checkpointing(bool on);
   void set_attention_query_chunk(int64_t rows);
@@ -147,7 +150,10 @@ class AutoencoderKLImpl : public torch::nn::Module {
 
  private:
   at::Tensor decode_one(const at::Tensor& latent);
-  at::Tensor tiled_decode(const at::Tensor& latent);
+  // The tile side in latent cells for a latent of h x w cells; 0 = do not tile.
+  int64_t tile_latent_for(int64_t h, int64_t w) const;
+  at::Tensor tiled_encode(const at::Tensor& image, int64_t tile_latent);
+  at::Tensor tiled_decode(const at::Tensor& latent, int64_t tile_latent);
 };
 TORCH_MODULE(AutoencoderKL);
 
