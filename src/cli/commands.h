@@ -14,6 +14,7 @@ void add_diagnose_command(CLI::App& app, Action& chosen);
 void add_plan_command(CLI::App& app, Action& chosen);
 void add_sample_command(CLI::App& app, Action& chosen);
 void add_inspect_command(CLI::App& app, Action& chosen);
+void add_report_command(CLI::App& app, Action& chosen);
 
 // One line per fact: project version, LibTorch version, CUDA available, device names.
 std::string version_text();

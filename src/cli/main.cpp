@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   lt::cli::add_plan_command(app, chosen);
   lt::cli::add_sample_command(app, chosen);
   lt::cli::add_inspect_command(app, chosen);
+  lt::cli::add_report_command(app, chosen);
 
   try {
     app.parse(argc, argv);

@@ -148,7 +148,9 @@ const Table<DatasetConfig>& dataset_table() {
                     .range(64, 4096)
                     .min_items(1)
                     .lever());
-    t.push_back(field("buckets", &S::buckets, "Group images by aspect ratio instead of centre-cropping to squares."));
+    t.push_back(field("buckets", &S::buckets,
+                      "Group images by aspect ratio instead of centre-cropping to squares. Buckets go up to 4:1; a "
+                      "longer image trains on its centre 4:1 part (the log names it)."));
     t.push_back(field("bucket_tolerance", &S::bucket_tolerance,
                       "Bucket size step; as in AI Toolkit the model's own divisibility is used instead.")
                     .min(1)
@@ -730,7 +732,7 @@ const Table<ProcessConfig>& process_table() {
                               "reference_trainer", "vae_trainer", "mod_lora_scale", "extract_lora"}));
     t.push_back(field("training_folder", &S::training_folder,
                       "Output root; the run writes to training_folder/<name>/ (adapter files, samples, "
-                      "config.yaml, log, metrics.jsonl)."));
+                      "config.yaml, log, metrics.jsonl, report.json, report.html, state/)."));
     t.push_back(field("device", &S::device,
                       "cpu, cuda, cuda:N, or auto (cuda:0 when a GPU is visible, else cpu).")
                     .normalize([](const std::string& s, const std::function<void(const std::string&)>& fail) {

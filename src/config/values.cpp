@@ -424,7 +424,7 @@ std::string not_yet_message(const std::string& path, const std::string& default_
 [[noreturn]] void fail_unknown_key(const std::string& name, const std::vector<std::string>& candidates,
                                    const YAML::Mark& mark, const std::string& path,
                                    const std::string& section_name, const Ctx& c) {
-  std::string msg = "unknown key '" + name + "' in " + (section_name.empty() ? "the process" : section_name);
+  std::string msg = "unknown key " + quote(name) + " in " + (section_name.empty() ? "the process" : section_name);
   // The common YAML slip is indentation: a key that exists, but in another section.
   std::vector<std::string> sections;
   for (const auto& k : all_keys())

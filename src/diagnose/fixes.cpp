@@ -12,7 +12,7 @@
 namespace lt::diagnose {
 namespace {
 
-enum class Vocab { kAiToolkit, kKohya, kMusubi, kDiffusionPipe, kDiffusers, kOneTrainer, kSimpleTuner, kComfyUI };
+enum class Vocab { kAiToolkit, kKohya, kMusubi, kDiffusionPipe, kDiffusers, kOneTrainer, kSimpleTuner, kComfyUI, kXFlux };
 
 Vocab vocab_for(Trainer t) {
   switch (t) {
@@ -23,6 +23,7 @@ Vocab vocab_for(Trainer t) {
     case Trainer::kOneTrainer: return Vocab::kOneTrainer;
     case Trainer::kSimpleTuner: return Vocab::kSimpleTuner;
     case Trainer::kComfyUI: return Vocab::kComfyUI;
+    case Trainer::kXFlux: return Vocab::kXFlux;
     default: return Vocab::kAiToolkit;  // AI Toolkit, lora-train, unknown
   }
 }
@@ -89,6 +90,19 @@ Fix free_gpu_fix(const Ctx&) {
   return f;
 }
 
+Fix pin_memory_fix(const Ctx& c) {
+  Fix f;
+  f.id = "disable_pin_memory";
+  switch (c.v) {
+    case Vocab::kMusubi: f.setting = "remove --use_pinned_memory_for_block_swap"; break;
+    case Vocab::kOneTrainer: f.setting = "lower \"layer_offload_fraction\" (offloaded layers are pinned)"; break;
+    default: f.setting = "turn off pinned memory (DataLoader pin_memory, pinned offloading), or raise memory= in .wslconfig"; break;
+  }
+  f.description = "The failed allocation was pinned host memory, which WSL/Windows cap: pin less, or give WSL more "
+                  "memory. GPU memory is not the problem.";
+  return f;
+}
+
 Fix gc_fix(const Ctx& c, bool with_resolution) {
   Fix f;
   f.id = with_resolution ? "checkpointing_and_resolution" : "gradient_checkpointing";
@@ -102,6 +116,8 @@ Fix gc_fix(const Ctx& c, bool with_resolution) {
     case Vocab::kDiffusionPipe: f.setting = "activation_checkpointing = true"; break;
     case Vocab::kOneTrainer: f.setting = "\"gradient_checkpointing\": \"ON\" (training tab: Gradient checkpointing ON)"; break;
     case Vocab::kComfyUI: f.setting = "training node input gradient_checkpointing = true"; break;
+    // x-flux: src/flux/model.py supports it, train_flux_lora_deepspeed.py never turns it on.
+    case Vocab::kXFlux: f.setting = "dit.gradient_checkpointing = True after get_models() in train_flux_lora_deepspeed.py (no config key)"; break;
     default: f.setting = "train.gradient_checkpointing: true"; break;
   }
   f.description = "Recompute activations in the backward pass instead of storing them (-60..70% activation memory, "
@@ -133,6 +149,7 @@ Fix batch_fix(const Ctx& c) {
     case Vocab::kDiffusionPipe: f.setting = "micro_batch_size_per_gpu = 1, gradient_accumulation_steps = " + n; break;
     case Vocab::kOneTrainer: f.setting = "\"batch_size\": 1, \"gradient_accumulation_steps\": " + n; break;
     case Vocab::kComfyUI: f.setting = "training node inputs batch_size = 1, grad_accumulation_steps = " + n; break;
+    case Vocab::kXFlux: f.setting = "train_batch_size: 1 (and data_config.train_batch_size: 1), gradient_accumulation_steps: " + n; break;
     default: f.setting = "train.batch_size: 1, train.gradient_accumulation_steps: " + n; break;
   }
   f.description = "Batch size multiplies activation memory; batch 1 with gradient accumulation " + n +
@@ -156,6 +173,7 @@ Fix bucket_fix(const Ctx& c) {
     case Vocab::kDiffusionPipe: f.setting = "dataset.toml: resolutions = " + list; break;
     case Vocab::kOneTrainer: f.setting = "\"resolution\": \"" + top + "\""; break;
     case Vocab::kComfyUI: f.setting = "feed images of at most " + top + " px to the training node"; break;
+    case Vocab::kXFlux: f.setting = "data_config.img_size: " + top; break;
     default: f.setting = "datasets[].resolution: " + list; break;
   }
   f.description = "Remove the largest resolution bucket (1536/1024 first, keep 512/768): activation memory grows "
@@ -220,6 +238,10 @@ Fix shrink_sampling_fix(const Ctx& c) {
                   std::to_string(steps) + " and a larger --validation_steps";
       break;
     case Vocab::kOneTrainer: f.setting = "smaller sample width/height, larger \"sample_after\""; break;
+    case Vocab::kXFlux:
+      f.setting = "sample_width: " + std::to_string(nw) + ", sample_height: " + std::to_string(nh) +
+                  ", sample_steps: " + std::to_string(steps) + ", sample_every: " + std::to_string(every);
+      break;
     default:
       f.setting = "sample.width: " + std::to_string(nw) + ", sample.height: " + std::to_string(nh) +
                   ", sample.sample_steps: " + std::to_string(steps) + ", sample.sample_every: " + std::to_string(every) +
@@ -241,6 +263,7 @@ Fix disable_sampling_fix(const Ctx& c) {
     case Vocab::kDiffusers: f.setting = "drop --validation_prompt"; break;
     case Vocab::kSimpleTuner: f.setting = "--validation_disable"; break;
     case Vocab::kOneTrainer: f.setting = "remove the sample definitions"; break;
+    case Vocab::kXFlux: f.setting = "disable_sampling: true"; break;
     default: f.setting = "train.disable_sampling: true"; break;
   }
   f.description = "Train without previews to prove the run fits; re-enable smaller previews afterwards.";
@@ -264,12 +287,33 @@ Fix low_vram_fix(const Ctx& c) {
     case Vocab::kDiffusionPipe: f.setting = "[model] transformer_dtype = 'float8' and blocks_to_swap = 20"; break;
     case Vocab::kOneTrainer: f.setting = "\"layer_offload_fraction\": 0.5 and a float8 transformer/unet weight data type"; break;
     case Vocab::kComfyUI: f.setting = "load the model in fp8 (weight_dtype fp8_e4m3fn) and enable offloading in the training node"; break;
+    case Vocab::kXFlux: f.setting = "accelerate config: DeepSpeed ZeRO-2 with offload_optimizer_device cpu (x-flux has no fp8/offload option of its own)"; break;
     default:
       f.setting = q ? "model.low_vram: true" : "model.low_vram: true, model.quantize: true, model.quantize_te: true";
       break;
   }
   f.description = "The model's low-memory path: quantized/fp8 base, text encoder and VAE off the GPU, block "
                   "offloading.";
+  // Caching latents / text embeddings runs the VAE and text encoders alone: their batch and tiling.
+  if (c.d.stage == Stage::kCaching) {
+    switch (c.v) {
+      // sd-scripts: library/train_util.py --vae_batch_size, --text_encoder_batch_size.
+      case Vocab::kKohya:
+        f.setting = std::string(c.dit ? "--fp8_base (text encoders in fp8 too) " : "") +
+                    "--vae_batch_size 1 --text_encoder_batch_size 1 (and --cache_latents_to_disk)";
+        break;
+      // musubi-tuner: cache_latents.py --batch_size, --vae_tiling, --vae_chunk_size;
+      // cache_text_encoder_outputs.py --batch_size and the fp8 text encoder flags.
+      case Vocab::kMusubi:
+        f.setting = "cache_latents.py --batch_size 1 --vae_tiling --vae_chunk_size 32; cache_text_encoder_outputs.py "
+                    "--batch_size 1 with --fp8_llm / --fp8_t5";
+        break;
+      default: break;
+    }
+    if (c.v == Vocab::kKohya || c.v == Vocab::kMusubi)
+      f.description = "Caching runs the VAE and text encoders on the GPU: encode one item at a time, tile the VAE, "
+                      "keep the text encoders in fp8.";
+  }
   return f;
 }
 
@@ -347,7 +391,8 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
       push(optimizer_fix(c));
   };
 
-  if (d.phase == Phase::kEnvironment) push(free_gpu_fix(c));
+  if (d.environment == "pinned_memory") push(pin_memory_fix(c));
+  else if (d.phase == Phase::kEnvironment) push(free_gpu_fix(c));
   if (d.memory.fragmentation) push(allocator_fix(c));
 
   // The underlying phase for environment: what the run was doing.

@@ -13,6 +13,7 @@ const char* trainer_name(Trainer t) {
     case Trainer::kOneTrainer: return "onetrainer";
     case Trainer::kSimpleTuner: return "simpletuner";
     case Trainer::kComfyUI: return "comfyui";
+    case Trainer::kXFlux: return "x_flux";
     case Trainer::kLoraTrain: return "lora_train";
     default: return "unknown";
   }
@@ -28,6 +29,7 @@ const char* trainer_display_name(Trainer t) {
     case Trainer::kOneTrainer: return "OneTrainer";
     case Trainer::kSimpleTuner: return "SimpleTuner";
     case Trainer::kComfyUI: return "ComfyUI training nodes";
+    case Trainer::kXFlux: return "XLabs x-flux";
     case Trainer::kLoraTrain: return "lora-train";
     default: return "unknown trainer";
   }

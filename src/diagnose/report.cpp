@@ -18,6 +18,7 @@ nlohmann::json opt(const std::optional<std::string>& v) {
 double round2(double x) { return static_cast<double>(static_cast<int>(x * 100 + 0.5)) / 100.0; }
 
 std::string verdict_text(const Diagnosis& d) {
+  if (d.recovered) return "GPU out of memory, RECOVERED: the OOM guard handled it and the run finished";
   switch (d.cause) {
     case Cause::kGpuOom: return "GPU out of memory";
     case Cause::kHostOom: return "NOT a GPU OOM: the system ran out of RAM (host OOM killer / paging file)";
@@ -108,6 +109,18 @@ nlohmann::json to_json(const Diagnosis& d, const std::string& input_name) {
                           {"value", f.value.empty() ? json(nullptr) : json(f.value)},
                           {"description", f.description}});
   j["notes"] = d.notes;
+  j["environment"] = d.environment.empty() ? json(nullptr) : json(d.environment);
+  j["recovered"] = d.recovered;
+  if (d.recovered) {
+    const Recovery& r = d.recovery;
+    j["recovery"] = {{"oom_events", r.oom_events},
+                     {"changes", r.changes},
+                     {"final_settings", r.final_settings.empty() ? json(nullptr) : json(r.final_settings)},
+                     {"effective_config", r.effective_config.empty() ? json(nullptr) : json(r.effective_config)},
+                     {"steps", opt(r.steps)}};
+  } else {
+    j["recovery"] = nullptr;
+  }
   return j;
 }
 
@@ -161,6 +174,13 @@ std::string format_report(const Diagnosis& d, const std::string& input_name) {
       if (e.line > 0) o << "  line " << e.line << ": " << e.text << "   <- " << e.why << "\n";
       else o << "  " << e.text << "   <- " << e.why << "\n";
     }
+  }
+  if (d.recovered) {
+    const Recovery& r = d.recovery;
+    o << "\nWhat the OOM guard changed (" << r.oom_events << " OOM" << (r.oom_events == 1 ? "" : "s") << " handled):\n";
+    for (const std::string& c : r.changes) o << "  - " << c << "\n";
+    if (!r.final_settings.empty()) o << "\nStart the next run with: " << r.final_settings << "\n";
+    if (!r.effective_config.empty()) o << "  (written as a config: " << r.effective_config << ")\n";
   }
   if (!d.fixes.empty()) {
     o << "\nWhat to change (one at a time, safest first; never rerun unchanged):\n";

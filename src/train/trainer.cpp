@@ -6,11 +6,12 @@
 #include "loratrain/train/trainer.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
 
-#include <atomic>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/playbook/settings.h"
+#include "loratrain/report/run_report.h"
 #include "loratrain/sample/noise.h"
 #include "loratrain/sample/prompt.h"
 #include "loratrain/sample/sampler.h"
@@ -62,20 +64,42 @@ void configure_cpu_threads() {
 
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted = true; }
+// SIGINT (Ctrl-C) and SIGTERM (kill, a job scheduler's stop) during a run: the handler only notes
+// the signal (async-signal-safe: two sig_atomic_t stores). The loop finishes the step in progress,
+// saves the resumable state and returns 128 + the signal (130, 143). Signals that arrive during the
+// save are counted and change nothing: the state file is written whole (atomic file) or not at all.
+volatile std::sig_atomic_t g_stop_signal = 0;   // the first stop signal received; 0 when none
+volatile std::sig_atomic_t g_stop_signals = 0;  // how many arrived
 
-// SIGINT during a run: finish the current step, save a resumable state, exit.
-class InterruptHandler {
+extern "C" void on_stop_signal(int signal) {
+  if (g_stop_signal == 0) g_stop_signal = signal;
+  g_stop_signals = g_stop_signals + 1;
+}
+
+class StopSignals {
  public:
-  InterruptHandler() {
-    g_interrupted = false;
-    previous_ = std::signal(SIGINT, on_sigint);
+  StopSignals() {
+    g_stop_signal = 0;
+    g_stop_signals = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // reads and writes in flight go on instead of failing with EINTR
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &action, &previous_[i]);
   }
-  ~InterruptHandler() { std::signal(SIGINT, previous_); }
+  ~StopSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  static int received() { return g_stop_signal; }
+  static int count() { return g_stop_signals; }
+  static std::string name(int signal) { return signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "Ctrl-C (SIGINT)" : "signal " + std::to_string(signal); }
 
  private:
-  void (*previous_)(int);
+  static constexpr std::array<int, 2> kSignals = {SIGINT, SIGTERM};
+  std::array<struct sigaction, 2> previous_{};
 };
 
 at::Tensor global_rng_state() {
@@ -109,6 +133,7 @@ class Trainer {
   RunResult run();
 
  private:
+  RunResult stop(int signal);
   // setup
   void open_run_folder();
   void open_device_memory();
@@ -123,12 +148,14 @@ class Trainer {
   void sample_previews(int64_t step);
   void save_checkpoint(int64_t step, bool final);
   void save_state();
+  void save_phase(const std::function<void()>& body);
   // the guard's changes, made here in plain sight
   void apply(const MemorySettings& next);
   void rebucket(const MemorySettings& previous);
   void cache_latents();
   void release_encoders();
   void write_report(int exit_code, const std::string& outcome);
+  void refresh_report();
   int give_up(const memory::OomGiveUp& g);
 
   at::Tensor latents_for(const data::Batch& batch);
@@ -172,6 +199,7 @@ class Trainer {
   int64_t step_ = 0;          // optimizer steps completed
   int64_t total_steps_ = 0;
   bool resumed_ = false;
+  std::optional<int64_t> saved_step_;  // the step of the newest resumable state on disk
 
   // The state a step starts from, restored before each attempt (same batch, same noise).
   struct StepStart {
@@ -189,7 +217,7 @@ class Trainer {
 };
 
 RunResult Trainer::run() {
-  InterruptHandler interrupt_handler;
+  StopSignals stop_signals;
   open_run_folder();
   open_device_memory();
   // One seed for everything random in the run (adapter init, noise, data order): runs repeat
@@ -216,7 +244,9 @@ RunResult Trainer::run() {
     if (request_.on_training_start) request_.on_training_start(*memory_);
     ProgressLine progress;
     MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
+    refresh_report();
     spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, summarize(settings_));
+    if (StopSignals::received() && step_ < total_steps_) return stop(StopSignals::received());
     while (step_ < total_steps_) {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state(), false};
       const auto started = std::chrono::steady_clock::now();
@@ -246,31 +276,29 @@ RunResult Trainer::run() {
         progress.finish();
         apply(heavier->settings);
       }
-      if (sampling_due(step_)) {
+      if (sampling_due(step_) && !StopSignals::received()) {
         progress.finish();
         while (auto next = guard_->attempt(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] {
                  if (!settings_.disable_sampling) sample_previews(step_);
                })) {
           apply(*next);
         }
+        refresh_report();
       }
       const bool save_due = p_->save.save_every > 0 && step_ % p_->save.save_every == 0 && step_ < total_steps_;
       if (save_due) {
         progress.finish();
-        while (auto next = guard_->attempt(Phase::save, {step_}, [this] { save_checkpoint(step_, false); })) apply(*next);
+        save_phase([this] { save_checkpoint(step_, false); });
+        refresh_report();
       }
       const bool stop_requested = request_.stop_after_steps && step_ >= *request_.stop_after_steps;
-      if ((g_interrupted || stop_requested) && step_ < total_steps_) {
+      if ((StopSignals::received() || stop_requested) && step_ < total_steps_) {
         progress.finish();
-        while (auto next = guard_->attempt(Phase::save, {step_}, [this] { save_state(); })) apply(*next);
-        spdlog::warn("interrupted at step {}: state saved; run the same command again to resume", step_);
-        write_report(130, "interrupted");
-        result_.exit_code = 130;
-        return result_;
+        return stop(StopSignals::received() ? StopSignals::received() : SIGINT);
       }
     }
     progress.finish();
-    while (auto next = guard_->attempt(Phase::save, {step_}, [this] { save_checkpoint(step_, true); })) apply(*next);
+    save_phase([this] { save_checkpoint(step_, true); });
     if (!settings_.disable_sampling && p_->sample.sample_every > 0 && step_ % p_->sample.sample_every != 0) {
       while (auto next = guard_->attempt(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] {
                if (!settings_.disable_sampling) sample_previews(step_);
@@ -293,6 +321,23 @@ RunResult Trainer::run() {
   }
   write_report(0, "completed");
   spdlog::info("done: {} ({} steps)", result_.lora_path.string(), step_);
+  return result_;
+}
+
+// After a stop signal, between steps: the resumable state is saved (unless the step's save just
+// wrote it) and the run returns 128 + signal.
+RunResult Trainer::stop(int signal) {
+  spdlog::warn("{} at step {}: saving the resumable state", StopSignals::name(signal), step_);
+  const int signals_before = StopSignals::count();
+  if (saved_step_ != step_) save_phase([this] { save_state(); });
+  if (StopSignals::count() > signals_before) {
+    spdlog::warn("{} more stop signal(s) during the save: noted; the save was completed, not cut short",
+                 StopSignals::count() - signals_before);
+  }
+  spdlog::warn("interrupted at step {}: state saved in {}; run the same command again to resume", step_,
+               state_path(run_dir_).string());
+  result_.exit_code = 128 + signal;
+  write_report(result_.exit_code, "interrupted");
   return result_;
 }
 
@@ -589,6 +634,7 @@ void Trainer::restore_state() {
   }
   batches_->restore_state(state->data_position);
   step_ = state->step;
+  saved_step_ = state->step;
   resumed_ = true;
   spdlog::info("resumed from {} at step {}", path.string(), step_);
 }
@@ -852,6 +898,29 @@ void Trainer::save_state() {
   state.noise_rng = sample::generator_state(noise_rng_);
   state.global_rng = global_rng_state();
   save_training_state(state_path(run_dir_), state);
+  saved_step_ = step_;
+}
+
+// The save phase under the guard. A save that fails for another reason (a full disk, an I/O
+// error, a file-size limit) has replaced nothing (every file is written atomically): the run
+// stops with one message that says what is intact and how to go on.
+void Trainer::save_phase(const std::function<void()>& body) {
+  try {
+    while (auto next = guard_->attempt(Phase::save, {step_}, body)) apply(*next);
+  } catch (const memory::OomGiveUp&) {
+    throw;
+  } catch (const Error& e) {
+    try {
+      write_report(static_cast<int>(ExitCode::kRuntime), "save_failed");
+    } catch (const std::exception&) {
+      // Most likely the same full disk: the message below is what matters.
+    }
+    const std::string intact = saved_step_ ? fmt::format("the training state of step {} and the LoRA files saved before are intact", *saved_step_)
+                                           : std::string("the files saved before are intact");
+    throw Error(ExitCode::kRuntime, fmt::format("saving step {} failed: {}\n{}: make room (or fix the disk) and run the same "
+                                                "command again to resume",
+                                                step_, e.what(), intact));
+  }
 }
 
 // The guard's one change (or a scale-up, or the settings a resumed run carries over), made here.
@@ -928,7 +997,7 @@ void Trainer::write_report(int exit_code, const std::string& outcome) {
   for (const auto& attempt : guard_->attempts()) result_.actions.push_back(attempt.description);
   nlohmann::json report = guard_->to_json();
   report["outcome"] = outcome;
-  report["exit_code"] = exit_code;
+  if (outcome != "running") report["exit_code"] = exit_code;
   report["steps_completed"] = step_;
   report["total_steps"] = total_steps_;
   report["device"] = memory_->name();
@@ -939,6 +1008,21 @@ void Trainer::write_report(int exit_code, const std::string& outcome) {
   }
   if (!result_.lora_path.empty()) report["lora"] = result_.lora_path.string();
   write_file_atomic(run_dir_ / "report.json", report.dump(2) + "\n");
+  // report.html is a view of the run folder: not being able to write it does not fail the run.
+  try {
+    report::write_run_report(run_dir_);
+  } catch (const std::exception& e) {
+    spdlog::warn("report.html not written: {}", e.what());
+  }
+}
+
+// While training: report.json says "running" and report.html reloads itself.
+void Trainer::refresh_report() {
+  try {
+    write_report(0, "running");
+  } catch (const std::exception& e) {
+    spdlog::warn("report.json not written: {}", e.what());
+  }
 }
 
 }  // namespace

@@ -86,6 +86,15 @@ CATCH_TEST_CASE("early-step OOM: checkpointing, then batch 1 with accumulation, 
   const auto& price = report.at("attempts").back().at("price");
   CATCH_CHECK(price.at("steps_after").get<int>() >= 3);
   CATCH_CHECK(price.at("peak_after").get<int64_t>() <= budget);
+  // report.html puts every action on the loss chart's timeline and in its table.
+  std::ifstream html_file(root / "early" / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_file)), {});
+  size_t marks = 0, rows = 0;
+  for (size_t at = html.find("<g class=\"guard-mark oom\""); at != std::string::npos; at = html.find("<g class=\"guard-mark oom\"", at + 1)) ++marks;
+  for (size_t at = html.find("<tr class=\"guard-row oom\""); at != std::string::npos; at = html.find("<tr class=\"guard-row oom\"", at + 1)) ++rows;
+  CATCH_CHECK(marks == actions.size());
+  CATCH_CHECK(rows == actions.size());
+  CATCH_CHECK(html.find("train.gradient_checkpointing: false -&gt; true") != std::string::npos);
   // Round trip: diagnose reads the guard's own log as an early-step OOM of lora-train, knows the
   // guard already turned checkpointing on, and names the guard's next lever first.
   auto diagnosis = lt::diagnose::diagnose_path((root / "early" / "log.txt").string());

@@ -18,6 +18,7 @@ enum class Trainer {
   kOneTrainer,
   kSimpleTuner,
   kComfyUI,         // ComfyUI training nodes (built-in TrainLoraNode, FluxTrainer, ...)
+  kXFlux,           // XLabs-AI x-flux (train_flux_lora_deepspeed.py)
   kLoraTrain,       // this project
 };
 
@@ -118,6 +119,16 @@ struct Fix {
   std::string description;  // one sentence: what and why
 };
 
+// A lora-train run whose OOM guard handled every OOM and that then finished (src/memory/guard.cpp
+// writes the events and the summary, src/train/trainer.cpp the end of the run).
+struct Recovery {
+  int oom_events = 0;                // OOMs the guard handled
+  std::vector<std::string> changes;  // what it changed, in order (its "action:" texts)
+  std::string final_settings;        // the settings it ended on ("oom-guard: settings now: ...")
+  std::string effective_config;      // the config with those settings ("the settings that worked: ...")
+  std::optional<int64_t> steps;      // steps the run completed
+};
+
 struct Diagnosis {
   bool oom = false;
   Cause cause = Cause::kNone;
@@ -136,6 +147,11 @@ struct Diagnosis {
   std::vector<Evidence> evidence;
   std::vector<Fix> fixes;
   std::vector<std::string> notes;  // extra advice (step-1 rule, environment, host RAM...)
+  // Why the phase is `environment` (stable ids: cuda_context, other_processes, little_pytorch, free_but_failed,
+  // pinned_memory, one_rank, full_before_training, cublas_before_training, guard); "" otherwise.
+  std::string environment;
+  bool recovered = false;       // the OOMs were handled and the run finished: no fixes, see recovery
+  Recovery recovery;
   int64_t lines = 0;
   int64_t bytes = 0;
 };

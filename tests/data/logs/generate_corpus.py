@@ -772,6 +772,24 @@ case("lora_train_guard_host_ram",
       "[error] oom-guard: host RAM exhausted in phase cache(step 0, bucket 0x0, batch 0); action: give up: host RAM is exhausted, not device memory (std::bad_alloc); cache latents to disk, use fewer data workers or a machine with more RAM"],
      {"oom": False, "cause": "host_oom", "phase": "load", "trainer": "lora_train"})
 
+# A run the guard rescued, in lora-train's console format (src/util/log.cpp: level letter, time):
+# the OOM line, the guard's summary at the end (src/memory/guard.cpp summary()) and "done:".
+case("lora_train_guard_recovered_finished",
+     ["I 10:15:01 lora-train 0.1.0 (LibTorch 2.5.1): run runs/sdxl_lora in /work",
+      "I 10:15:09 training 1000 steps from step 1; memory settings: checkpointing off, batch 4 x accumulation 1, buckets [512,768,1024], samples 1024x1024/20 steps",
+      "step 2/1000 | loss 0.1311 | lr 1.0e-04 | 2.2 s/it | mem 21.9/23.4 GiB",
+      "W 10:15:20 oom-guard: OOM in phase train_step(step 3, bucket 1024x1024, batch 4) \u2014 early_steps; action: train.gradient_checkpointing: false -> true",
+      "I 10:15:20 oom-guard:   evidence: the first steps fail in backward; at the failure 22.10 GiB allocated, after cleanup 14.02 GiB",
+      "step 1000/1000 | loss 0.0712 | lr 1.0e-04 | 2.9 s/it | mem 15.1/17.8 GiB",
+      "I 10:54:02 the settings that worked: runs/sdxl_lora/effective.yaml",
+      "I 10:54:02 oom-guard: 1 OOM handled, 1 configuration change",
+      "I 10:54:02 oom-guard:   #1 train_step(step 3, bucket 1024x1024, batch 4) early_steps -> train.gradient_checkpointing: false -> true",
+      "I 10:54:02 oom-guard: settings now: checkpointing on, batch 4 x accumulation 1, buckets [512,768,1024], samples 1024x1024/20 steps",
+      "I 10:54:02 oom-guard: peak memory per phase on cuda:0:",
+      "I 10:54:03 done: runs/sdxl_lora/sdxl_lora.safetensors (1000 steps)"],
+     {"oom": True, "cause": "gpu_oom", "phase": "early_steps", "step": 3, "trainer": "lora_train",
+      "model_family": "sdxl", "recovered": True, "first_fix": None})
+
 # ------------------------------------------------------------------------------------------------
 # Look-alikes and edge cases
 case("windows_paging_file_host_oom",

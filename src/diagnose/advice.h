@@ -1,0 +1,11 @@
+// Notes beside the fixes: short advice for the look-alikes (host RAM, NaN, GPU faults, ...), the
+// playbook's step-1 rule, and what a recovered lora-train run changed and should start with.
+#pragma once
+
+#include "loratrain/diagnose/diagnosis.h"
+
+namespace lt::diagnose::detail {
+
+void add_advice(Diagnosis& d);
+
+}  // namespace lt::diagnose::detail
