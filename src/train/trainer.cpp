@@ -581,6 +581,7 @@ void Trainer::create_optimizer() {
   ObjectiveOptions objective;
   objective.noise_offset = p_->train.noise_offset;
   objective.min_snr_gamma = p_->train.min_snr_gamma;
+  objective.timestep_type = p_->train.timestep_type;
   objective_ = std::make_unique<TrainingObjective>(model_->traits(), objective);
   if (const auto& e = p_->train.ema_config; e.use_ema) {
     ema_ = std::make_unique<optim::AdapterEMA>(optimizer_->params(),

@@ -24,6 +24,7 @@
 #include "loratrain/data/cache.h"
 #include "loratrain/playbook/vocabulary.h"
 #include "loratrain/sample/noise.h"
+#include "loratrain/sample/scheduler.h"
 
 namespace torch::nn {
 class Module;
@@ -57,8 +58,9 @@ struct Conditioning {
   std::vector<ImageGeometry> images; // one per batch row
 };
 
-// How the training examples are built (DDPM-style noise; flow matching comes with Flux).
-enum class Objective { ddpm };
+// How the training examples are built: DDPM noise on a beta schedule (SD, SDXL), or rectified
+// flow (Flux, Wan): x_t = (1 - sigma) x0 + sigma noise, target noise - x0.
+enum class Objective { ddpm, flow_matching };
 
 // Facts of a loaded model the trainer needs, read once.
 struct ModelTraits {
@@ -69,7 +71,10 @@ struct ModelTraits {
   bool is_video = false;
   Objective objective = Objective::ddpm;
   sample::PredictionType prediction = sample::PredictionType::kEpsilon;
-  sample::NoiseScheduleConfig noise_schedule;  // the training noise schedule
+  sample::NoiseScheduleConfig noise_schedule;  // the training noise schedule (ddpm)
+  // The training sigma shift (flow_matching): AI Toolkit's flowmatch scheduler config of the family.
+  sample::FlowMatchEulerDiscreteSchedulerConfig flow_schedule;
+  int64_t latent_patch_size = 1;         // latent cells per token side (Flux packs 2x2 cells)
   std::string scheduler_config;          // sample::default_scheduler_config name for previews
 };
 
