@@ -1,12 +1,13 @@
 // The T5 tokenizer on a small SentencePiece model trained here with spm_train (T5's special ids:
-// pad 0, eos 1, unk 2, no bos), checked against SentencePiece's own encoding plus transformers'
-// T5 rules: special tokens in the text, EOS appended, pad 0 to max_length, truncation keeping EOS.
+// pad 0, eos 1, unk 2, no bos), checked against SentencePiece's own encoding (spm_encode) plus
+// transformers' T5 rules: special tokens in the text, EOS appended, pad 0 to max_length, truncation
+// keeping EOS.
 #include <catch2/catch.hpp>
-#include <sentencepiece_processor.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "loratrain/io/safetensors.h"
 #include "loratrain/models/text/t5.h"
@@ -60,12 +61,20 @@ const std::filesystem::path& spiece_model() {
   return path;
 }
 
+// SentencePiece's own command-line encoder on one line of text.
 std::vector<int64_t> sentencepiece_ids(const std::string& text) {
-  sentencepiece::SentencePieceProcessor sp;
-  CATCH_REQUIRE(sp.Load(spiece_model().string()).ok());
-  std::vector<int> ids;
-  CATCH_REQUIRE(sp.Encode(text, &ids).ok());
-  return std::vector<int64_t>(ids.begin(), ids.end());
+  const auto dir = spiece_model().parent_path();
+  std::ofstream(dir / "line.txt") << text << "\n";
+  const std::string cmd = "spm_encode --model=" + spiece_model().string() + " --output_format=id < " +
+                          (dir / "line.txt").string() + " > " + (dir / "ids.txt").string();
+  CATCH_REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(dir / "ids.txt");
+  std::string line;
+  std::getline(in, line);
+  std::istringstream fields(line);
+  std::vector<int64_t> ids;
+  for (int64_t id; fields >> id;) ids.push_back(id);
+  return ids;
 }
 
 std::vector<int64_t> concat(std::initializer_list<std::vector<int64_t>> parts) {

@@ -1,15 +1,93 @@
 #include "loratrain/models/text/t5_tokenizer.h"
 
-#include <sentencepiece_processor.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
+#include "sentencepiece_module.h"
 
 namespace lt::models {
+
+namespace {
+
+// The lt_sentencepiece module's functions, loaded once: from where the build put it, else from
+// beside the running executable.
+struct ModuleApi {
+  lt_spm_load_fn load = nullptr;
+  lt_spm_free_fn free = nullptr;
+  lt_spm_piece_size_fn piece_size = nullptr;
+  lt_spm_piece_to_id_fn piece_to_id = nullptr;
+  lt_spm_unk_id_fn unk_id = nullptr;
+  lt_spm_encode_fn encode = nullptr;
+};
+
+const ModuleApi& module_api() {
+  static const ModuleApi api = [] {
+    const std::string file_name = "liblt_sentencepiece.so";
+    std::vector<std::string> candidates = {LT_SENTENCEPIECE_MODULE};
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) candidates.push_back((exe.parent_path() / file_name).string());
+    std::string errors;
+    void* handle = nullptr;
+    for (const auto& path : candidates) {
+      handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      if (handle) break;
+      const char* e = ::dlerror();
+      errors += "\n  " + path + ": " + (e ? e : "not loadable");
+    }
+    if (!handle) throw Error(ExitCode::kRuntime, "cannot load the SentencePiece module " + file_name + " (built with lora-train):" + errors);
+    auto symbol = [handle](const char* name) {
+      void* s = ::dlsym(handle, name);
+      if (!s) throw Error(ExitCode::kRuntime, std::string("the SentencePiece module lacks ") + name);
+      return s;
+    };
+    ModuleApi a;
+    a.load = reinterpret_cast<lt_spm_load_fn>(symbol("lt_spm_load"));
+    a.free = reinterpret_cast<lt_spm_free_fn>(symbol("lt_spm_free"));
+    a.piece_size = reinterpret_cast<lt_spm_piece_size_fn>(symbol("lt_spm_piece_size"));
+    a.piece_to_id = reinterpret_cast<lt_spm_piece_to_id_fn>(symbol("lt_spm_piece_to_id"));
+    a.unk_id = reinterpret_cast<lt_spm_unk_id_fn>(symbol("lt_spm_unk_id"));
+    a.encode = reinterpret_cast<lt_spm_encode_fn>(symbol("lt_spm_encode"));
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace
+
+// One loaded SentencePiece model (the module's processor), freed with the last tokenizer copy.
+class SentencePieceModel {
+ public:
+  SentencePieceModel(const std::string& bytes, const std::string& source) : api_(module_api()) {
+    char error[512] = {0};
+    handle_ = api_.load(bytes.data(), bytes.size(), error, sizeof(error));
+    if (!handle_) throw InputError(source + ": not a SentencePiece model (" + printable(error) + ")");
+  }
+  ~SentencePieceModel() { api_.free(handle_); }
+  SentencePieceModel(const SentencePieceModel&) = delete;
+  SentencePieceModel& operator=(const SentencePieceModel&) = delete;
+
+  int64_t piece_size() const { return api_.piece_size(handle_); }
+  int64_t piece_to_id(const std::string& piece) const { return api_.piece_to_id(handle_, piece.c_str()); }
+  int64_t unk_id() const { return api_.unk_id(handle_); }
+  void encode(const std::string& text, std::vector<int64_t>& out) const {
+    char error[512] = {0};
+    auto emit = [](void* context, int id) { static_cast<std::vector<int64_t>*>(context)->push_back(id); };
+    if (api_.encode(handle_, text.data(), text.size(), emit, &out, error, sizeof(error)) != 0) {
+      throw InputError("T5 tokenizer: SentencePiece cannot encode the text (" + printable(error) + ")");
+    }
+  }
+
+ private:
+  const ModuleApi& api_;
+  lt_spm* handle_ = nullptr;
+};
 
 namespace {
 
@@ -23,8 +101,8 @@ constexpr const char* kUnkPiece = "<unk>";
 std::string extra_id_token(int64_t i) { return "<extra_id_" + std::to_string(i) + ">"; }
 
 // The id of a special piece, which the model must define (an absent piece maps to unk).
-int64_t required_piece(const sentencepiece::SentencePieceProcessor& sp, const char* piece, const std::string& source) {
-  const int id = sp.PieceToId(piece);
+int64_t required_piece(const SentencePieceModel& sp, const char* piece, const std::string& source) {
+  const int64_t id = sp.piece_to_id(piece);
   if (id == sp.unk_id() && std::string(piece) != kUnkPiece) {
     throw InputError(source + ": the SentencePiece model has no '" + piece +
                      "' piece; it is not a T5 tokenizer (T5 models define <pad> = 0, </s> = 1, <unk> = 2)");
@@ -34,18 +112,18 @@ int64_t required_piece(const sentencepiece::SentencePieceProcessor& sp, const ch
 
 }  // namespace
 
-T5Tokenizer::T5Tokenizer(std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor,
-                         const std::string& source, T5TokenizerOptions options)
-    : processor_(std::move(processor)), options_(options) {
+T5Tokenizer::T5Tokenizer(std::shared_ptr<const SentencePieceModel> model, const std::string& source,
+                         T5TokenizerOptions options)
+    : model_(std::move(model)), options_(options) {
   if (options_.extra_ids < 0) throw InputError(source + ": extra_ids must be >= 0");
   if (options_.model_max_length < 1) throw InputError(source + ": model_max_length must be >= 1");
-  const auto& sp = *processor_;
+  const auto& sp = *model_;
   pad_id_ = required_piece(sp, kPadPiece, source);
   eos_id_ = required_piece(sp, kEosPiece, source);
   unk_id_ = sp.unk_id();
   special_tokens_ = {{kPadPiece, pad_id_}, {kEosPiece, eos_id_}, {kUnkPiece, unk_id_}};
   // transformers appends <extra_id_0..N-1> after the pieces, in reverse: <extra_id_0> is the last id.
-  const int64_t pieces = sp.GetPieceSize();
+  const int64_t pieces = sp.piece_size();
   for (int64_t i = 0; i < options_.extra_ids; ++i) special_tokens_.emplace_back(extra_id_token(i), pieces + options_.extra_ids - 1 - i);
   std::stable_sort(special_tokens_.begin(), special_tokens_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
@@ -53,12 +131,7 @@ T5Tokenizer::T5Tokenizer(std::shared_ptr<const sentencepiece::SentencePieceProce
 
 T5Tokenizer T5Tokenizer::from_serialized(const std::string& model_bytes, const std::string& source,
                                          T5TokenizerOptions options) {
-  auto sp = std::make_shared<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(model_bytes);
-  if (!status.ok()) {
-    throw InputError(source + ": not a SentencePiece model (" + printable(status.ToString()) + ")");
-  }
-  return T5Tokenizer(std::move(sp), source, options);
+  return T5Tokenizer(std::make_shared<const SentencePieceModel>(model_bytes, source), source, options);
 }
 
 T5Tokenizer T5Tokenizer::from_file(const std::filesystem::path& spiece_model, T5TokenizerOptions options) {
@@ -68,15 +141,7 @@ T5Tokenizer T5Tokenizer::from_file(const std::filesystem::path& spiece_model, T5
   return from_serialized(bytes, spiece_model.string(), options);
 }
 
-int64_t T5Tokenizer::vocab_size() const { return processor_->GetPieceSize() + options_.extra_ids; }
-
-void T5Tokenizer::encode_text(const std::string& text, std::vector<int64_t>& out) const {
-  if (text.empty()) return;
-  std::vector<int> ids;
-  const auto status = processor_->Encode(text, &ids);
-  if (!status.ok()) throw InputError("T5 tokenizer: SentencePiece cannot encode the text (" + printable(status.ToString()) + ")");
-  out.insert(out.end(), ids.begin(), ids.end());
-}
+int64_t T5Tokenizer::vocab_size() const { return model_->piece_size() + options_.extra_ids; }
 
 std::vector<int64_t> T5Tokenizer::encode(const std::string& text) const {
   std::vector<int64_t> ids;
@@ -95,12 +160,12 @@ std::vector<int64_t> T5Tokenizer::encode(const std::string& text) const {
       pos = text.find('<', pos + 1);
       continue;
     }
-    encode_text(text.substr(segment, pos - segment), ids);
+    model_->encode(text.substr(segment, pos - segment), ids);
     ids.push_back(match->second);
     segment = pos + match->first.size();
     pos = text.find('<', segment);
   }
-  encode_text(text.substr(segment), ids);
+  model_->encode(text.substr(segment), ids);
   ids.push_back(eos_id_);
   return ids;
 }

@@ -1,5 +1,6 @@
 // The T5 / umT5 tokenizer: a SentencePiece model (`spiece.model`; diffusers' Flux folders keep it in
-// tokenizer_2/, Wan's in tokenizer/) run by the SentencePiece library, with the conventions of
+// tokenizer_2/, Wan's in tokenizer/) run by the SentencePiece library (loaded as the lt_sentencepiece
+// module, see src/models/text/sentencepiece_module.h), with the conventions of
 // transformers' T5Tokenizer / T5TokenizerFast as diffusers' Flux and Wan pipelines call them
 // (padding="max_length", truncation=True, add_special_tokens=True):
 //   - special tokens written in the text (</s>, <pad>, <unk>, <extra_id_N>) are split out first and
@@ -14,11 +15,9 @@
 #include <string>
 #include <vector>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace lt::models {
+
+class SentencePieceModel;  // a loaded .model (t5_tokenizer.cpp)
 
 struct T5TokenizerOptions {
   int64_t model_max_length = 512;  // tokenizer_config.json `model_max_length`; the default max_length
@@ -56,11 +55,9 @@ class T5Tokenizer {
   const T5TokenizerOptions& options() const { return options_; }
 
  private:
-  T5Tokenizer(std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor, const std::string& source,
-              T5TokenizerOptions options);
-  void encode_text(const std::string& text, std::vector<int64_t>& out) const;
+  T5Tokenizer(std::shared_ptr<const SentencePieceModel> model, const std::string& source, T5TokenizerOptions options);
 
-  std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor_;
+  std::shared_ptr<const SentencePieceModel> model_;
   T5TokenizerOptions options_;
   // Special tokens matched in the text, longest first, with their ids.
   std::vector<std::pair<std::string, int64_t>> special_tokens_;
