@@ -397,6 +397,10 @@ const Table<TrainConfig>& train_table() {
     t.push_back(not_yet<S>("do_cfg", "boolean", "false", "CFG during training."));
     t.push_back(not_yet<S>("correct_pred_norm", "boolean", "false", "Prediction norm correction."));
     t.push_back(not_yet<S>("target_norm_std", "number", "null", "Output std regulariser."));
+    t.push_back(field("cfg_scale", &S::cfg_scale,
+                      "Flux dev: the guidance value its guidance embedder gets while training (AI Toolkit's "
+                      "guidance_embedding_scale). No effect on models without one.")
+                    .min(0));
     t.push_back(field("bypass_guidance_embedding", &S::bypass_guidance_embedding,
                       "Flux family: run the transformer with its guidance embedder bypassed while training (for "
                       "bases without guidance distillation, such as Flex.1). No effect on SD, SDXL and Wan."));

@@ -56,6 +56,9 @@ struct ImageGeometry {
 struct Conditioning {
   TextEmbedding text;                // from encode_text (or the cache), on the device
   std::vector<ImageGeometry> images; // one per batch row
+  // The guidance value a guidance-distilled denoiser embeds (Flux dev: train.cfg_scale while
+  // training, sample.guidance_scale in previews); models without a guidance embedder ignore it.
+  double guidance = 1.0;
 };
 
 // How the training examples are built: DDPM noise on a beta schedule (SD, SDXL), or rectified
@@ -75,6 +78,9 @@ struct ModelTraits {
   // The training sigma shift (flow_matching): AI Toolkit's flowmatch scheduler config of the family.
   sample::FlowMatchEulerDiscreteSchedulerConfig flow_schedule;
   int64_t latent_patch_size = 1;         // latent cells per token side (Flux packs 2x2 cells)
+  // Guidance is an input of the denoiser (Conditioning::guidance), not classifier-free guidance:
+  // previews run the conditional branch alone with the prompt's guidance scale embedded.
+  bool embedded_guidance = false;
   std::string scheduler_config;          // sample::default_scheduler_config name for previews
 };
 
