@@ -5,6 +5,7 @@
 // interpose on each other and libprotobuf's static initialisation crashes before main(). The
 // tokenizer therefore dlopen()s this module with RTLD_LOCAL | RTLD_DEEPBIND: SentencePiece then
 // binds to its own protobuf copy, and its symbols stay out of the process's global scope.
+// (AddressSanitizer refuses RTLD_DEEPBIND, so LT_SANITIZE builds cannot run the T5 tokenizer.)
 #pragma once
 #include <stddef.h>
 
