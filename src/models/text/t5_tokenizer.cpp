@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "loratrain/util/error.h"
