@@ -222,6 +222,7 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
 
 void apply_recovery(const AnalyzerState& st, Diagnosis& d) {
   const GuardLog& g = st.guard;
+  d.guard_prices = g.prices;
   if (!(d.oom && g.oom && g.finished && !g.gave_up)) return;
   d.recovered = true;
   Recovery& r = d.recovery;
