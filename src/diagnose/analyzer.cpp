@@ -399,9 +399,12 @@ void LogAnalyzer::feed(const LogLine& line) {
   bool any_cause = false;
   for (int c = 1; c < kCauseCount; ++c) any_cause = any_cause || line_cause[c];
   // An exception of no known kind is "other"; generic wrappers (accelerate's CalledProcessError
-  // "returned non-zero exit status 1") carry no cause of their own.
-  if (!any_cause && is_exception && !contains(low, "non-zero exit status") && !contains(low, "calledprocesserror"))
-    line_cause[static_cast<int>(Cause::kOther)] = true;
+  // "returned non-zero exit status 1" for the training script it launched) carry no cause of their
+  // own. A failed command that is no Python script (Triton's compiler, a build tool) is the failure.
+  const bool wrapper = (contains(low, "non-zero exit status") || contains(low, "calledprocesserror")) &&
+                       (contains(low, ".py'") || contains(low, ".py\"") || contains(low, "accelerate") ||
+                        !contains(low, "command '"));
+  if (!any_cause && is_exception && !wrapper) line_cause[static_cast<int>(Cause::kOther)] = true;
 
   for (int c = 1; c < kCauseCount; ++c) {
     if (!line_cause[c]) continue;
