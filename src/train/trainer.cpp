@@ -581,6 +581,7 @@ void Trainer::create_optimizer() {
   ObjectiveOptions objective;
   objective.noise_offset = p_->train.noise_offset;
   objective.min_snr_gamma = p_->train.min_snr_gamma;
+  objective.timestep_type = p_->train.timestep_type;
   objective_ = std::make_unique<TrainingObjective>(model_->traits(), objective);
   if (const auto& e = p_->train.ema_config; e.use_ema) {
     ema_ = std::make_unique<optim::AdapterEMA>(optimizer_->params(),
@@ -678,6 +679,7 @@ Conditioning Trainer::conditioning_for(const data::Batch& batch) {
     captions.assign(captions.size(), dataset_->options().trigger_word);
   }
   c.text = text_on_device(captions);
+  c.guidance = p_->train.cfg_scale;
   for (const auto& item : batch.items) {
     const auto& image = dataset_->images()[item.image];
     c.images.push_back({image.width, image.height, item.placement.crop_x, item.placement.crop_y,
@@ -815,17 +817,37 @@ void Trainer::sample_previews(int64_t step) {
       network_->set_multiplier(prompt.network_multiplier);
       // A preview is conditioned as a training image of its own size, uncropped.
       const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
-      const Conditioning cond{text_on_device({prompt.text}), {geometry}};
-      const Conditioning uncond{text_on_device({prompt.negative}), {geometry}};
-      auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler),
-                                              sample::default_scheduler_config(traits.scheduler_config));
+      Conditioning cond{text_on_device({prompt.text}), {geometry}};
+      Conditioning uncond;
       sample::SamplerOptions options;
       options.steps = prompt.steps;
       options.guidance_scale = prompt.guidance_scale;
       options.guidance_rescale = prompt.guidance_rescale;
+      if (traits.embedded_guidance) {
+        cond.guidance = prompt.guidance_scale;
+        options.guidance_scale = 1.0;  // the conditional branch alone
+      } else {
+        uncond = Conditioning{text_on_device({prompt.negative}), {geometry}};
+      }
+      const nlohmann::json scheduler_config = sample::default_scheduler_config(traits.scheduler_config);
+      auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler), scheduler_config);
       options.seed = static_cast<uint64_t>(prompt.seed);
-      options.latent_shape = {1, traits.latent_channels, prompt.height / traits.latent_downscale,
-                              prompt.width / traits.latent_downscale};
+      const int64_t latent_h = prompt.height / traits.latent_downscale, latent_w = prompt.width / traits.latent_downscale;
+      options.latent_shape = {1, traits.latent_channels, latent_h, latent_w};
+      if (traits.objective == Objective::flow_matching) {
+        // The Flux/Wan pipelines' schedule: unshifted sigmas 1 .. 1/N, shifted by the image's token
+        // count where the scheduler shifts dynamically.
+        const int64_t p = traits.latent_patch_size;
+        const double n = static_cast<double>(prompt.steps);
+        const double step_size = prompt.steps > 1 ? (1.0 / n - 1.0) / (n - 1.0) : 0.0;  // numpy linspace(1, 1/N, N)
+        for (int64_t k = 0; k < prompt.steps; ++k)
+          options.timestep_options.sigmas.push_back(1.0 + static_cast<double>(k) * step_size);
+        if (scheduler_config.value("use_dynamic_shifting", false)) {
+          const auto flow = sample::FlowMatchEulerDiscreteSchedulerConfig::from_json(scheduler_config);
+          options.timestep_options.mu = sample::calculate_shift((latent_h / p) * (latent_w / p), flow.base_image_seq_len,
+                                                                flow.max_image_seq_len, flow.base_shift, flow.max_shift);
+        }
+      }
       options.dtype = dtype_;
       options.device = device_;
       options.prediction_type = traits.prediction;
