@@ -37,6 +37,7 @@
 #include "loratrain/train/checkpoint.h"
 #include "loratrain/train/diffusion_model.h"
 #include "loratrain/train/objective.h"
+#include "loratrain/train/preview.h"
 #include "loratrain/train/progress.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
@@ -815,46 +816,10 @@ void Trainer::sample_previews(int64_t step) {
       const auto& prompt = prompts[i];
       guard_->set_context({step, static_cast<int>(prompt.width), static_cast<int>(prompt.height), 1, 1, 0});
       network_->set_multiplier(prompt.network_multiplier);
-      // A preview is conditioned as a training image of its own size, uncropped.
-      const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
-      Conditioning cond{text_on_device({prompt.text}), {geometry}};
-      Conditioning uncond;
-      sample::SamplerOptions options;
-      options.steps = prompt.steps;
-      options.guidance_scale = prompt.guidance_scale;
-      options.guidance_rescale = prompt.guidance_rescale;
-      if (traits.embedded_guidance) {
-        cond.guidance = prompt.guidance_scale;
-        options.guidance_scale = 1.0;  // the conditional branch alone
-      } else {
-        uncond = Conditioning{text_on_device({prompt.negative}), {geometry}};
-      }
-      const nlohmann::json scheduler_config = sample::default_scheduler_config(traits.scheduler_config);
-      auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler), scheduler_config);
-      options.seed = static_cast<uint64_t>(prompt.seed);
-      const int64_t latent_h = prompt.height / traits.latent_downscale, latent_w = prompt.width / traits.latent_downscale;
-      options.latent_shape = {1, traits.latent_channels, latent_h, latent_w};
-      if (traits.objective == Objective::flow_matching) {
-        // The Flux/Wan pipelines' schedule: unshifted sigmas 1 .. 1/N, shifted by the image's token
-        // count where the scheduler shifts dynamically.
-        const int64_t p = traits.latent_patch_size;
-        const double n = static_cast<double>(prompt.steps);
-        const double step_size = prompt.steps > 1 ? (1.0 / n - 1.0) / (n - 1.0) : 0.0;  // numpy linspace(1, 1/N, N)
-        for (int64_t k = 0; k < prompt.steps; ++k)
-          options.timestep_options.sigmas.push_back(1.0 + static_cast<double>(k) * step_size);
-        if (scheduler_config.value("use_dynamic_shifting", false)) {
-          const auto flow = sample::FlowMatchEulerDiscreteSchedulerConfig::from_json(scheduler_config);
-          options.timestep_options.mu = sample::calculate_shift((latent_h / p) * (latent_w / p), flow.base_image_seq_len,
-                                                                flow.max_image_seq_len, flow.base_shift, flow.max_shift);
-        }
-      }
-      options.dtype = dtype_;
-      options.device = device_;
-      options.prediction_type = traits.prediction;
-      at::Tensor latents = sample::sample(*scheduler, [&](const at::Tensor& x, const at::Tensor& t, bool use_uncond) {
-        return model_->predict(x, t, use_uncond ? uncond : cond);
-      }, options);
-      images.push_back(io::tensor_to_image(model_->decode_latents(latents)[0]));
+      const TextEmbedding negative = traits.embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
+      const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
+                                              PreviewOptions{p_->sample.sampler, dtype_, device_});
+      images.push_back(io::tensor_to_image(image));
       io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
     }
   }
