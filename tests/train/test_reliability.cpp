@@ -40,8 +40,11 @@ std::vector<std::string> temporary_files(const fs::path& dir) {
   return found;
 }
 
-// The child trains with this process's thread count, so its steps match in-process runs bit for bit.
+// The child trains with this process's thread setup, so its steps match in-process runs bit for
+// bit: the same intra-op thread count, and OpenBLAS at one thread in both (the binary sets it).
+// Call it before the in-process runs that the child's are compared with.
 lt::test::ChildOptions child_options() {
+  lt::train::configure_cpu_threads();
   lt::test::ChildOptions options;
   options.num_threads = at::get_num_threads();
   return options;
@@ -59,6 +62,7 @@ CATCH_TEST_CASE("SIGTERM mid-run (and again during the save): exit 143, and the 
                 "[train][e2e][resume][signal]") {
   auto root = lt::test::scratch_dir("run_sigterm");
   constexpr int kSteps = 16;
+  const auto child = child_options();
   lt::train::RunRequest straight;
   straight.config_path = lt::test::write_tiny_config(root / "a", "term", kSteps);
   auto whole = lt::train::run_training(straight);
@@ -66,7 +70,7 @@ CATCH_TEST_CASE("SIGTERM mid-run (and again during the save): exit 143, and the 
 
   const auto config = lt::test::write_tiny_config(root / "b", "term", kSteps);
   const fs::path run = root / "b" / "term";
-  const pid_t pid = lt::test::start_lora_train({"run", config.string()}, root / "b" / "output.txt", child_options());
+  const pid_t pid = lt::test::start_lora_train({"run", config.string()}, root / "b" / "output.txt", child);
   // Two steps done: the run is in the middle of training.
   CATCH_REQUIRE(lt::test::wait_until(pid, [&] { return lt::test::line_count(run / "metrics.jsonl") >= 2; }));
   CATCH_REQUIRE(::kill(pid, SIGTERM) == 0);
