@@ -706,7 +706,7 @@ const Table<MemoryConfig>& memory_table() {
     t.back().info.ours = true;
     t.push_back(field("attention_chunk", &S::attention_chunk,
                       "Compute attention this many query rows at a time (less memory for long sequences, e.g. "
-                      "video); 0 = automatic (all at once, or cache-sized blocks once the score matrix passes 8 MiB, which is faster on the CPU). Exact: the results do not change beyond float rounding. The OOM guard sets it first.")
+                      "video); 0 = all at once. Exact: the results do not change beyond float rounding. The OOM guard sets it first.")
                     .min(0)
                     .ours()
                     .lever());
