@@ -288,9 +288,13 @@ const Table<TrainConfig>& train_table() {
                     .not_yet({"euler_a", "pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
                               "lcm", "custom_lcm", "mean_flow"})
                     .normalize(lower_normalize));
-    t.push_back(field("timestep_type", &S::timestep_type, "How training timesteps are drawn.")
-                    .one_of({"sigmoid", "linear", "weighted", "shift", "flux_shift"})
-                    .not_yet({"lognorm_blend", "lumina2_shift", "next_sample", "one_step", "two_step", "four_step",
+    t.push_back(field("timestep_type", &S::timestep_type,
+                      "How flow-matching noise levels are drawn (Flux, Wan): sigmoid = sigmoid(N(0, 1)); linear = "
+                      "uniform over the 1000-level table; shift / flux_shift = that table shifted as at inference (by "
+                      "the image's token count where the family shifts dynamically). DDPM models ignore it, as AI "
+                      "Toolkit does.")
+                    .one_of({"sigmoid", "linear", "shift", "flux_shift"})
+                    .not_yet({"weighted", "lognorm_blend", "lumina2_shift", "next_sample", "one_step", "two_step", "four_step",
                               "eight_step"})
                     .normalize(lower_normalize));
     t.push_back(field("optimizer", &S::optimizer,
@@ -393,6 +397,10 @@ const Table<TrainConfig>& train_table() {
     t.push_back(not_yet<S>("do_cfg", "boolean", "false", "CFG during training."));
     t.push_back(not_yet<S>("correct_pred_norm", "boolean", "false", "Prediction norm correction."));
     t.push_back(not_yet<S>("target_norm_std", "number", "null", "Output std regulariser."));
+    t.push_back(field("cfg_scale", &S::cfg_scale,
+                      "Flux dev: the guidance value its guidance embedder gets while training (AI Toolkit's "
+                      "guidance_embedding_scale). No effect on models without one.")
+                    .min(0));
     t.push_back(field("bypass_guidance_embedding", &S::bypass_guidance_embedding,
                       "Flux family: run the transformer with its guidance embedder bypassed while training (for "
                       "bases without guidance distillation, such as Flex.1). No effect on SD, SDXL and Wan."));

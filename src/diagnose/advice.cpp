@@ -1,7 +1,12 @@
 #include "advice.h"
 
+#include <algorithm>
+#include <string>
+
 namespace lt::diagnose::detail {
 namespace {
+
+const std::string kTriedPrefix = "Already tried: ";
 
 const char* look_alike_advice(Cause c) {
   switch (c) {
@@ -30,6 +35,18 @@ const char* look_alike_advice(Cause c) {
 
 }  // namespace
 
+void add_tried_notes(Diagnosis& d) {
+  d.notes.erase(std::remove_if(d.notes.begin(), d.notes.end(),
+                               [](const std::string& n) { return n.rfind(kTriedPrefix, 0) == 0; }),
+                d.notes.end());
+  if (!d.oom) return;
+  for (const TriedLever& t : d.tried) {
+    std::string note = kTriedPrefix + t.setting + " was on in this run, so it is not recommended again";
+    if (!t.price.empty()) note += " (the OOM guard's " + t.price + ")";
+    d.notes.push_back(note + ".");
+  }
+}
+
 void add_advice(Diagnosis& d) {
   if (d.recovered) {
     const Recovery& r = d.recovery;
@@ -42,6 +59,7 @@ void add_advice(Diagnosis& d) {
     d.notes.push_back(note + ".");
     return;
   }
+  add_tried_notes(d);
   if (d.oom && d.phase == Phase::kEarlySteps && d.step && *d.step == 1 && d.kind != ModelKind::kVideo)
     d.notes.push_back("It died on step 1: the forward pass fits but the gradients do not. Turn on gradient "
                       "checkpointing AND lower the resolution together, not one at a time.");

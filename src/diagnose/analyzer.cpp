@@ -46,6 +46,9 @@ enum class LineFormat : uint16_t {
   kRank,             // a rank prefix or a rank in a failure summary
   kLauncherChild,    // a launcher stopping one of its processes (one per rank)
   kErrorWord,        // "error", "exception", ...: makes a line of no other keyword an error candidate
+  kSettingsSummary,  // lora-train: its memory settings at the start of training
+  kAttentionOn,      // sd-scripts: the U-Net's memory-efficient attention was enabled
+  kKohyaCommand,     // sd-scripts: a training script's command line
 };
 
 struct LineFormatKeyword {
@@ -84,6 +87,15 @@ const std::vector<LineFormatKeyword>& line_format_keywords() {
       {"killing subprocess", F::kLauncherChild},  // deepspeed/launcher/launch.py sigkill_handler()
       {"error", F::kErrorWord}, {"exception", F::kErrorWord}, {"fatal", F::kErrorWord}, {"failed", F::kErrorWord},
       {"abort", F::kErrorWord},
+      // lora-train: src/train/trainer.cpp run() "training N steps from step S; memory settings: <summary>",
+      // and a resumed run's "settings carried over from the interrupted run: <summary>".
+      {"memory settings: ", F::kSettingsSummary}, {"settings carried over from the interrupted run: ", F::kSettingsSummary},
+      // sd-scripts: library/train_util.py replace_unet_modules().
+      {"enable xformers for u-net", F::kAttentionOn}, {"enable sdpa for u-net", F::kAttentionOn},
+      {"enable memory efficient attention for u-net", F::kAttentionOn},
+      // sd-scripts U-Net training scripts (SD1.x/2.x, SDXL); the DiT scripts always use SDPA.
+      {"train_network.py", F::kKohyaCommand}, {"train_db.py", F::kKohyaCommand}, {"fine_tune.py", F::kKohyaCommand},
+      {"sdxl_train.py", F::kKohyaCommand}, {"train_textual_inversion.py", F::kKohyaCommand},
   };
   return table;
 }
@@ -106,6 +118,26 @@ const KeywordMatcher& matcher() {
     return KeywordMatcher(std::move(k));
   }();
   return m;
+}
+
+// The VAE in a traceback: its modules, files and calls (diffusers autoencoders, sd-scripts
+// latents_to_image, musubi's vae.decode, ComfyUI's VAE.decode, lora-train has no Python frames).
+std::optional<bool> traceback_in_vae(const std::vector<Frame>& frames) {
+  if (frames.empty()) return std::nullopt;
+  for (const Frame& f : frames) {
+    for (const std::string* t : {&f.func, &f.file})
+      if (contains(*t, "vae") || contains(*t, "autoencoder") || contains(*t, "latents_to_image") ||
+          contains(*t, "first_stage"))
+        return true;
+    if (f.func == "decode" || f.func == "_decode" || f.func == "tiled_decode") return true;
+    // A call, not an argument: "vae.decode(latents)", "latents_to_image(...)"; a frame's source
+    // line often passes the VAE along ("self.sample_images(accelerator, args, ..., vae, ...)").
+    const std::string& c = f.code;
+    if (contains(c, "vae.") || contains(c, "vae(") || contains(c, ".decode(") || contains(c, "latents_to_image(") ||
+        contains(c, "first_stage"))
+      return true;
+  }
+  return false;
 }
 
 // A traceback that ends on a line of no cause belongs to the failure printed just before it
@@ -326,6 +358,20 @@ void LogAnalyzer::feed(const LogLine& line) {
             if (st.env.launcher_children < 64) ++st.env.launcher_children;
             break;
           case LineFormat::kErrorWord: break;
+          case LineFormat::kSettingsSummary:
+            if (!tb_body) apply_settings_summary(st.settings, low.substr(end));
+            break;
+          case LineFormat::kAttentionOn:
+            if (!tb_body) st.settings.memory_efficient_attention = true;
+            break;
+          case LineFormat::kKohyaCommand:
+            if (!tb_body && contains(low, "--pretrained_model_name_or_path") && !contains(low, "--config_file")) {
+              KohyaAttention& k = st.kohya_attention;
+              k.command_line = true;
+              k.flag_on_command = k.flag_on_command || contains(low, "--xformers") || contains(low, "--sdpa") ||
+                                  contains(low, "--mem_eff_attn");
+            }
+            break;
         }
         break;
     }
@@ -353,9 +399,12 @@ void LogAnalyzer::feed(const LogLine& line) {
   bool any_cause = false;
   for (int c = 1; c < kCauseCount; ++c) any_cause = any_cause || line_cause[c];
   // An exception of no known kind is "other"; generic wrappers (accelerate's CalledProcessError
-  // "returned non-zero exit status 1") carry no cause of their own.
-  if (!any_cause && is_exception && !contains(low, "non-zero exit status") && !contains(low, "calledprocesserror"))
-    line_cause[static_cast<int>(Cause::kOther)] = true;
+  // "returned non-zero exit status 1" for the training script it launched) carry no cause of their
+  // own. A failed command that is no Python script (Triton's compiler, a build tool) is the failure.
+  const bool wrapper = (contains(low, "non-zero exit status") || contains(low, "calledprocesserror")) &&
+                       (contains(low, ".py'") || contains(low, ".py\"") || contains(low, "accelerate") ||
+                        !contains(low, "command '"));
+  if (!any_cause && is_exception && !wrapper) line_cause[static_cast<int>(Cause::kOther)] = true;
 
   for (int c = 1; c < kCauseCount; ++c) {
     if (!line_cause[c]) continue;
@@ -388,13 +437,20 @@ Diagnosis LogAnalyzer::finish(int64_t bytes) const {
   d.bytes = bytes;
   d.settings = st.settings;
   identify(st.identity, st.settings, d);
+  // An sd-scripts command line with all its arguments and none of the attention flags: plain attention
+  // in its U-Nets (the DiT models always call SDPA).
+  const bool unet = d.family == ModelFamily::kSd15 || d.family == ModelFamily::kSdxl || d.family == ModelFamily::kUnknown;
+  if (d.trainer == Trainer::kKohya && unet && st.kohya_attention.command_line && !d.settings.memory_efficient_attention)
+    d.settings.memory_efficient_attention = st.kohya_attention.flag_on_command;
   const CauseRecord* decisive = decide_cause(st, d);
   d.memory = d.oom ? memory_numbers(st.mem) : MemoryNumbers{};
+  if (decisive) d.in_vae = traceback_in_vae(decisive->frames);
   PhaseDecision phase = decide_phase(st, d, decisive);
   apply_phase(phase, d);
   apply_environment(st, decisive, d);
   apply_recovery(st, d);
   add_evidence(st, decisive, phase, d);
+  d.tried = tried_levers(d);
   add_advice(d);
   if (!d.recovered) d.fixes = plan_fixes(d);
   return d;

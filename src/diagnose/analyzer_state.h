@@ -73,6 +73,10 @@ struct GuardLog {
   std::optional<int> batch, frames, bucket;
   int events = 0;             // OOM lines seen
   std::vector<std::string> actions;  // what the guard changed, in order (bounded)
+  bool chunked_attention = false;    // an action set memory.attention_chunk
+  bool tiled_vae = false;            // an action set memory.vae_tiling
+  // The summary's "price of #N (<levers>): <time and peak change>" lines (guard.cpp summary()), bounded.
+  std::vector<std::string> prices;
   Marker line;                // the latest OOM line
   // The end of a run (trainer.cpp run()): the summary and "done:".
   bool finished = false;      // "done: <lora> (N steps)"
@@ -99,6 +103,13 @@ struct EnvironmentClues {
   int highest_rank = -1;
 };
 
+// sd-scripts' attention: train_util.py replace_unet_modules() logs which memory-efficient attention
+// the U-Net uses; without --mem_eff_attn / --xformers / --sdpa it logs nothing and uses plain attention.
+struct KohyaAttention {
+  bool command_line = false;     // a training command line with every argument on it (no --config_file)
+  bool flag_on_command = false;  // ... and it had --xformers / --sdpa / --mem_eff_attn
+};
+
 struct AnalyzerState {
   int64_t seq = 0;
   int64_t lines = 0;
@@ -119,6 +130,7 @@ struct AnalyzerState {
   std::vector<bool> counted;          // identification keywords count once
   GuardLog guard;
   EnvironmentClues env;
+  KohyaAttention kohya_attention;
   std::string low;                    // lowercase copy of the current line (reused)
 };
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "advice.h"
 #include "loratrain/diagnose/fixes.h"
 #include "loratrain/diagnose/report.h"
 #include "loratrain/util/atomic_file.h"
@@ -61,6 +62,9 @@ int lower_frames(int n) {
   int half = (n - 1) / 2;
   return std::max(1, std::min((half / 4) * 4 + 1, n - 1));
 }
+
+// The chunk the OOM guard sets (src/memory/ladder.cpp kGuardAttentionChunk).
+constexpr int kGuardAttentionChunk = 1024;
 
 int lower_resolution(int r) { return r > 1024 ? 1024 : r > 768 ? 768 : r > 512 ? 512 : r; }
 
@@ -178,9 +182,19 @@ bool apply_fix(const Fix& f, YAML::Node proc, std::string* what) {
     if (changed && what) *what = "model.low_vram: true, model.quantize: true";
     return changed;
   }
+  // lora-train's attention is always memory-efficient (train.sdp does nothing): its lever is the chunk.
   if (f.id == "memory_efficient_attention") {
-    bool c = set_true(train, "sdp");
-    if (c && what) *what = "train.sdp: true";
+    YAML::Node memory = proc["memory"];
+    const int chunk = get<int>(memory, "attention_chunk").value_or(0);
+    if (chunk > 0 && chunk <= kGuardAttentionChunk) return false;
+    memory["attention_chunk"] = kGuardAttentionChunk;
+    if (what) *what = "memory.attention_chunk: " + std::to_string(kGuardAttentionChunk);
+    return true;
+  }
+  if (f.id == "vae_tiling") {
+    YAML::Node memory = proc["memory"];
+    bool c = set_true(memory, "vae_tiling");
+    if (c && what) *what = "memory.vae_tiling: true";
     return c;
   }
   if (f.id == "optimizer_8bit") {
@@ -199,7 +213,10 @@ void merge_config_settings(Diagnosis& d, const std::filesystem::path& config) {
   YAML::Node root = load_config(config);
   YAML::Node proc = process_node(root, config);
   YAML::Node train = proc["train"], model = proc["model"], sample = proc["sample"], datasets = proc["datasets"];
+  YAML::Node memory = proc["memory"];
   Settings& s = d.settings;
+  s.attention_chunk = get<int>(memory, "attention_chunk").value_or(0);
+  s.vae_tiling = get<bool>(memory, "vae_tiling").value_or(false);
   s.gradient_checkpointing = get<bool>(train, "gradient_checkpointing").value_or(true);
   s.batch_size = get<int>(train, "batch_size").value_or(1);
   if (auto a = get<int>(train, "gradient_accumulation_steps")) s.gradient_accumulation = *a;
@@ -231,6 +248,8 @@ void merge_config_settings(Diagnosis& d, const std::filesystem::path& config) {
     if (frames > 1) d.kind = ModelKind::kVideo;
     else if (d.kind == ModelKind::kVideo) d.kind = ModelKind::kImage;
   }
+  d.tried = tried_levers(d);
+  detail::add_tried_notes(d);
   d.fixes = plan_fixes(d);
 }
 

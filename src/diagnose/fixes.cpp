@@ -4,15 +4,19 @@
 #include "loratrain/diagnose/fixes.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <optional>
 #include <sstream>
+#include <string>
 
 #include "loratrain/util/strings.h"
 
 namespace lt::diagnose {
 namespace {
 
-enum class Vocab { kAiToolkit, kKohya, kMusubi, kDiffusionPipe, kDiffusers, kOneTrainer, kSimpleTuner, kComfyUI, kXFlux };
+// lora-train shares AI Toolkit's keys (every `default:` below) and adds its own memory levers.
+enum class Vocab { kAiToolkit, kLoraTrain, kKohya, kMusubi, kDiffusionPipe, kDiffusers, kOneTrainer, kSimpleTuner, kComfyUI, kXFlux };
 
 Vocab vocab_for(Trainer t) {
   switch (t) {
@@ -24,7 +28,8 @@ Vocab vocab_for(Trainer t) {
     case Trainer::kSimpleTuner: return Vocab::kSimpleTuner;
     case Trainer::kComfyUI: return Vocab::kComfyUI;
     case Trainer::kXFlux: return Vocab::kXFlux;
-    default: return Vocab::kAiToolkit;  // AI Toolkit, lora-train, unknown
+    case Trainer::kLoraTrain: return Vocab::kLoraTrain;
+    default: return Vocab::kAiToolkit;  // AI Toolkit, unknown
   }
 }
 
@@ -125,7 +130,7 @@ Fix gc_fix(const Ctx& c, bool with_resolution) {
   if (with_resolution) {
     std::vector<int> lower = without_largest(c.s);
     std::string res = lower.empty() ? "512" : std::to_string(lower.back());
-    f.setting += c.v == Vocab::kAiToolkit ? "  and  datasets[].resolution: " + (lower.empty() ? "[512]" : join_ints(lower))
+    f.setting += c.v == Vocab::kAiToolkit || c.v == Vocab::kLoraTrain ? "  and  datasets[].resolution: " + (lower.empty() ? "[512]" : join_ints(lower))
                                          : "  and a lower resolution (" + res + ")";
     f.description = "It died on step 1: the forward pass fits, the gradients do not. Turn on gradient checkpointing "
                     "and lower the resolution together.";
@@ -317,18 +322,66 @@ Fix low_vram_fix(const Ctx& c) {
   return f;
 }
 
+// lora-train's attention is always memory-efficient (train.sdp / train.xformers are accepted and
+// do nothing); its lever is computing it in query chunks, exact, the guard's first rung
+// (src/memory/ladder.cpp kGuardAttentionChunk). sd-scripts: --sdpa / --xformers / --mem_eff_attn
+// (library/train_util.py replace_unet_modules; the DiT scripts always use SDPA).
 Fix attention_fix(const Ctx& c) {
   Fix f;
   f.id = "memory_efficient_attention";
   switch (c.v) {
-    case Vocab::kKohya: f.setting = "--sdpa (or --xformers)"; break;
+    case Vocab::kLoraTrain: f.setting = "memory.attention_chunk: 1024"; break;
+    case Vocab::kKohya: f.setting = "--sdpa (or --xformers / --mem_eff_attn)"; break;
     case Vocab::kMusubi: f.setting = "--sdpa (or --xformers --split_attn)"; break;
     case Vocab::kDiffusers: f.setting = "--enable_xformers_memory_efficient_attention"; break;
     default: f.setting = "train.sdp: true (or train.xformers: true)"; break;
   }
-  f.config_key = "train.sdp";
+  f.config_key = "memory.attention_chunk";
+  f.value = "1024";
+  f.description = c.v == Vocab::kLoraTrain
+                      ? "Compute attention 1024 query rows at a time (recomputed per chunk in backward): only one "
+                        "chunk's scores exist at a time, and the results do not change."
+                      : "Memory-efficient attention (SDPA/flash/xformers) cuts attention memory by about 80% and "
+                        "changes nothing in the results: the cheapest lever.";
+  return f;
+}
+
+// Tiled VAE encode/decode, where the trainer has a switch for it: lora-train memory.vae_tiling;
+// musubi-tuner cache_latents.py / hv_train_network.py --vae_tiling --vae_chunk_size (HunyuanVideo),
+// wan_cache_latents.py / wan_train_network.py --vae_cache_cpu (Wan); SimpleTuner --vae_enable_tiling /
+// --vae_enable_slicing (VAE caching); diffusers' CogVideoX scripts --enable_tiling --enable_slicing;
+// ComfyUI's tiled VAE nodes. Images keep their size.
+std::optional<Fix> vae_tiling_fix(const Ctx& c) {
+  Fix f;
+  f.id = "vae_tiling";
+  f.config_key = "memory.vae_tiling";
   f.value = "true";
-  f.description = "Memory-efficient attention (SDPA/flash/xformers) cuts attention memory by about 80%.";
+  const bool caching = c.d.stage == Stage::kCaching;
+  const ModelFamily fam = c.d.family;
+  switch (c.v) {
+    case Vocab::kLoraTrain: f.setting = "memory.vae_tiling: true"; break;
+    case Vocab::kMusubi:
+      if (fam == ModelFamily::kHunyuan)
+        f.setting = std::string(caching ? "cache_latents.py" : "hv_train_network.py") + " --vae_tiling --vae_chunk_size 32";
+      else if (fam == ModelFamily::kWan)
+        f.setting = std::string(caching ? "wan_cache_latents.py" : "wan_train_network.py") + " --vae_cache_cpu";
+      else return std::nullopt;
+      break;
+    case Vocab::kSimpleTuner:
+      if (!caching) return std::nullopt;
+      f.setting = "--vae_enable_tiling (and --vae_enable_slicing for video, --vae_batch_size 1)";
+      break;
+    case Vocab::kDiffusers:
+      if (fam != ModelFamily::kCogVideo) return std::nullopt;
+      f.setting = "--enable_tiling --enable_slicing";
+      break;
+    case Vocab::kComfyUI:
+      f.setting = caching ? "encode with the VAE Encode (Tiled) node" : "decode with the VAE Decode (Tiled) node";
+      break;
+    default: return std::nullopt;
+  }
+  f.description = "Run the VAE in tiles (and slices): its memory no longer grows with the whole image or clip, and "
+                  "the images keep their size; the cheapest lever for caching and previews.";
   return f;
 }
 
@@ -354,7 +407,44 @@ bool is_dit(ModelFamily f) {
   return f != ModelFamily::kSd15 && f != ModelFamily::kSdxl && f != ModelFamily::kUnknown;
 }
 
+// lora-train's chunk is in effect when it is at most the guard's chunk (ladder.cpp chunk_attention).
+constexpr int kGuardAttentionChunk = 1024;
+bool chunk_on(const Settings& s) { return s.attention_chunk && *s.attention_chunk > 0 && *s.attention_chunk <= kGuardAttentionChunk; }
+
+// Caching text-encoder outputs runs no VAE: tiling it would not help.
+bool text_encoder_caching(const Diagnosis& d) {
+  for (const Evidence& e : d.evidence) {
+    if (e.why.rfind("phase", 0) != 0) continue;  // the lines that placed the failure
+    std::string t = e.text;
+    for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (t.find("text_encoder") != std::string::npos || t.find("text encoder") != std::string::npos ||
+        t.find("embedding") != std::string::npos || t.find("encode_prompt") != std::string::npos)
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+std::vector<TriedLever> tried_levers(const Diagnosis& d) {
+  std::vector<TriedLever> out;
+  const Settings& s = d.settings;
+  const bool lora_train = d.trainer == Trainer::kLoraTrain;
+  // The guard's summary names each change by its ActionKind (src/memory/ladder.cpp to_string).
+  auto price_of = [&](const char* action) {
+    for (const std::string& p : d.guard_prices)
+      if (p.find(action) != std::string::npos) return p;
+    return std::string();
+  };
+  if (lora_train && chunk_on(s))
+    out.push_back({"memory_efficient_attention", "memory.attention_chunk: " + std::to_string(*s.attention_chunk),
+                   price_of("chunk_attention")});
+  else if (!lora_train && s.memory_efficient_attention.value_or(false))
+    out.push_back({"memory_efficient_attention", "memory-efficient attention (xformers / SDPA) on", ""});
+  if (s.vae_tiling.value_or(false))
+    out.push_back({"vae_tiling", lora_train ? "memory.vae_tiling: true" : "VAE tiling on", lora_train ? price_of("tile_vae") : ""});
+  return out;
+}
 
 std::vector<Fix> plan_fixes(const Diagnosis& d) {
   std::vector<Fix> out;
@@ -383,9 +473,23 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
     push(shrink_sampling_fix(c));
     push(disable_sampling_fix(c));
   };
+  // The levers that change nothing in the results come first where the trainer has them (the guard's
+  // ladders, src/memory/ladder.cpp, start the same way): attention for training steps, the VAE's
+  // tiling for caching and previews.
+  const bool attention_first = c.v == Vocab::kLoraTrain ? !chunk_on(s)
+                               : c.v == Vocab::kKohya  ? !c.dit && s.memory_efficient_attention == false
+                                                       : false;
+  auto free_attention = [&] {
+    if (attention_first) push(attention_fix(c));
+  };
+  auto free_vae_tiling = [&] {
+    // Not when the traceback shows the failure elsewhere (the denoiser of a preview, a text encoder).
+    if (s.vae_tiling.value_or(false) || d.in_vae == false) return;
+    if (auto f = vae_tiling_fix(c)) push(std::move(*f));
+  };
   auto training_tail = [&] {
     if (!lowvram_done) push(low_vram_fix(c));
-    if (!s.memory_efficient_attention.value_or(false) && s.memory_efficient_attention.has_value()) push(attention_fix(c));
+    if (c.v != Vocab::kLoraTrain && s.memory_efficient_attention == false) push(attention_fix(c));
     if (s.optimizer && s.optimizer->find("8bit") == std::string::npos && s.optimizer->find("8_bit") == std::string::npos &&
         s.optimizer->find("adafactor") == std::string::npos)
       push(optimizer_fix(c));
@@ -408,6 +512,15 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
 
   switch (p) {
     case Phase::kLoad:
+      // Caching latents runs the VAE alone: its tiling first (lora-train: as its guard's cache ladder,
+      // chunked attention and the VAE alone on the device, both exact, then tiling).
+      if (d.stage == Stage::kCaching && !text_encoder_caching(d)) {
+        if (c.v == Vocab::kLoraTrain) {
+          free_attention();
+          if (!lowvram_done) push(low_vram_fix(c));
+        }
+        free_vae_tiling();
+      }
       // The model does not fit as loaded: previews are not running yet, so the low-memory path first,
       // then make sure the baseline preview will not be the next wall.
       if (!lowvram_done) push(low_vram_fix(c));
@@ -416,15 +529,20 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
       if (!batch_done) push(batch_fix(c));
       break;
     case Phase::kBaselineSample:
+      if (c.v == Vocab::kLoraTrain) free_attention();
+      free_vae_tiling();
       if (!baseline_off && !diffusion_pipe) push(skip_baseline_fix(c));
       sampling_fixes();
       if (!lowvram_done) push(low_vram_fix(c));
       break;
     case Phase::kSampling:
+      if (c.v == Vocab::kLoraTrain) free_attention();
+      free_vae_tiling();
       sampling_fixes();
       if (!lowvram_done) push(low_vram_fix(c));
       break;
     case Phase::kVideoSpike:
+      free_attention();
       if (!frames_done) push(frames_fix(c));
       if (!gc_done && s.gradient_checkpointing.has_value()) push(gc_fix(c, false));
       if (!batch_done) push(batch_fix(c));
@@ -435,6 +553,7 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
       break;
     case Phase::kLaterSteps:
       // "Sometimes": a borderline config that dies on the biggest bucket or clip.
+      free_attention();
       if (c.video && !frames_done) push(frames_fix(c));
       if (!bucket_done) push(bucket_fix(c));
       if (!gc_done) push(gc_fix(c, false));
@@ -444,6 +563,7 @@ std::vector<Fix> plan_fixes(const Diagnosis& d) {
       break;
     case Phase::kEarlySteps:
     default:
+      free_attention();
       if (c.video) {
         if (!frames_done) push(frames_fix(c));
         if (!batch_done) push(batch_fix(c));

@@ -98,6 +98,9 @@ const std::vector<TrainerMarker>& trainer_markers() {
       {"setting lora processor for", T::kXFlux, 9},
       // lora-train: src/memory/guard.cpp, src/train/trainer.cpp.
       {"oom-guard:", T::kLoraTrain, 20}, {"lora-train", T::kLoraTrain, 20},
+      // The A1111 Dreambooth extension runs its own fork of diffusers' train_dreambooth.py: not the
+      // diffusers example, and none of the trainers above.
+      {"sd_dreambooth_extension", T::kUnknown, 30},
   };
   return table;
 }
@@ -114,6 +117,8 @@ const std::vector<FamilyMarker>& family_markers() {
       {"v1-5", F::kSd15, 4}, {"sd15", F::kSd15, 4}, {"sd1.5", F::kSd15, 4}, {"sd 1.5", F::kSd15, 4},
       {"sd-v1", F::kSd15, 4}, {"stable-diffusion-v1", F::kSd15, 4}, {"runwayml", F::kSd15, 4}, {"sd_v1", F::kSd15, 4},
       {"arch: sd1", F::kSd15, 4}, {"sd1-5", F::kSd15, 4}, {"sd_1_5", F::kSd15, 4}, {"v1_5", F::kSd15, 4},
+      // ComfyUI's SD1.x text encoder (comfy/sd1_clip.py) and diffusers' SD1/2 pipeline module.
+      {"sd1clipmodel", F::kSd15, 4}, {"pipeline_stable_diffusion.py", F::kSd15, 4},
       {"sd3_", F::kSd3, 4}, {"sd3.", F::kSd3, 4}, {"sd3-", F::kSd3, 4}, {"sd35", F::kSd3, 4}, {"sd3 ", F::kSd3, 4},
       {"stable-diffusion-3", F::kSd3, 4}, {"stablediffusion3", F::kSd3, 4}, {"is_v3", F::kSd3, 4},
       {"sd3_train", F::kSd3, 4}, {"sd3:", F::kSd3, 4},

@@ -89,10 +89,21 @@ std::optional<int> int_field(std::string_view low, std::string_view key, size_t 
   return static_cast<int>(*v);
 }
 
+}  // namespace
+
 // summarize() of src/playbook/settings.cpp: "checkpointing on, batch 1 x accumulation 4, buckets
-// [512,768], frames 41, samples 512x512/20 steps (no baseline)" / "sampling off", ", low_vram",
-// ", base int8".
+// [512,768], frames 41, samples 512x512/20 steps (no baseline)" / "sampling off", ", attention in
+// chunks of 1024", ", VAE tiled", ", low_vram", ", base int8". The chunk and the tiling are printed
+// only when on, so a whole summary (it starts with "checkpointing") without them says they are off.
 void apply_settings_summary(Settings& s, std::string_view low) {
+  const bool whole = contains(low, "checkpointing on") || contains(low, "checkpointing off");
+  if (const size_t a = low.find("attention in chunks of "); a != std::string_view::npos) {
+    if (auto n = int_after(low, a + 23, 2); n && *n > 0 && *n < (int64_t(1) << 30)) s.attention_chunk = static_cast<int>(*n);
+  } else if (whole) {
+    s.attention_chunk = 0;
+  }
+  if (contains(low, "vae tiled")) s.vae_tiling = true;
+  else if (whole) s.vae_tiling = false;
   if (contains(low, "checkpointing on")) s.gradient_checkpointing = true;
   if (contains(low, "checkpointing off")) s.gradient_checkpointing = false;
   if (auto b = int_field(low, "batch ")) s.batch_size = *b;
@@ -130,8 +141,6 @@ void apply_settings_summary(Settings& s, std::string_view low) {
   if (contains(low, "low_vram")) s.low_vram = true;
   if (contains(low, ", base ")) s.quantize = true;
 }
-
-}  // namespace
 
 void parse_progress_bar(AnalyzerState& st, std::string_view low, std::string_view text, int64_t line) {
   auto bar = parse_bar(low);
@@ -381,6 +390,11 @@ void parse_guard_line(AnalyzerState& st, std::string_view low, std::string_view 
   GuardLog& g = st.guard;
   // Summary lines at the end of a run (guard.cpp summary()).
   if (contains(low, "oom-guard:   #")) return;  // "#1 train_step(...) early_steps -> ...": already seen as events
+  // "price of #2 (enable_checkpointing): +24% s/step (0.110 -> 0.136 s), -38% peak (...)".
+  if (const size_t p = low.find("price of #"); p != std::string_view::npos) {
+    if (g.prices.size() < 16) g.prices.push_back(snippet(text.substr(p), 300));
+    return;
+  }
   if (const size_t p = low.find("settings now: "); p != std::string_view::npos) {
     g.settings_now = snippet(text.substr(p + 14), 300);
     apply_settings_summary(st.settings, low.substr(p + 14));
@@ -437,6 +451,26 @@ void parse_guard_line(AnalyzerState& st, std::string_view low, std::string_view 
   // What the guard changed is done: the fixes continue the ladder from there. The actions read
   // "<key>: <old> -> <new>" (src/memory/ladder.cpp).
   Settings& s = st.settings;
+  // Give-ups carry the settings they ended on: "every memory lever is used (<summary>); ..." and
+  // "... (guard max_attempts); settings: <summary>".
+  if (const size_t u = low.find("lever is used ("); u != std::string_view::npos) apply_settings_summary(s, low.substr(u + 15));
+  else if (const size_t k = low.find("; settings: "); k != std::string_view::npos) apply_settings_summary(s, low.substr(k + 12));
+  if (const size_t a = low.find("memory.attention_chunk: "); a != std::string_view::npos) {
+    const size_t arrow = low.find("-> ", a);
+    if (arrow != std::string_view::npos)
+      if (auto n = int_after(low, arrow + 3, 2); n && *n > 0 && *n < (int64_t(1) << 30)) {
+        s.attention_chunk = static_cast<int>(*n);
+        g.chunked_attention = true;
+      }
+  }
+  if (contains(low, "model.low_vram: false -> true")) s.low_vram = true;
+  if (contains(low, "model.quantize: false -> true")) s.quantize = true;
+  if (contains(low, "train.disable_sampling: false -> true")) s.disable_sampling = true;
+  if (contains(low, "train.skip_first_sample: false -> true")) s.skip_first_sample = true;
+  if (contains(low, "memory.vae_tiling: false -> true")) {
+    s.vae_tiling = true;
+    g.tiled_vae = true;
+  }
   if (contains(low, "gradient_checkpointing: false -> true") || contains(low, "gradient_checkpointing=true"))
     s.gradient_checkpointing = true;
   if (g.batch) s.batch_size = *g.batch;

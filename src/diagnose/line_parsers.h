@@ -38,6 +38,10 @@ bool parse_rich_traceback_line(AnalyzerState& st, std::string_view trimmed_low, 
 // "[rank3]: ..." / "rank: 3 (local_rank: 3)": the rank a line came from, or -1.
 int rank_of_line(std::string_view low);
 
+// lora-train: summarize() of its memory settings (src/playbook/settings.cpp), as printed at the start of
+// training ("memory settings: ..."), in the guard's summary ("settings now: ...") and give-ups.
+void apply_settings_summary(Settings& s, std::string_view low);
+
 // lora-train: "oom-guard: ..." lines (src/memory/guard.cpp).
 void parse_guard_line(AnalyzerState& st, std::string_view low, std::string_view text, int64_t line);
 

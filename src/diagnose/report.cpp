@@ -98,6 +98,8 @@ nlohmann::json to_json(const Diagnosis& d, const std::string& input_name) {
       {"sample_steps", opt(s.sample_steps)},
       {"sample_every", opt(s.sample_every)},
       {"memory_efficient_attention", opt(s.memory_efficient_attention)},
+      {"attention_chunk", opt(s.attention_chunk)},
+      {"vae_tiling", opt(s.vae_tiling)},
   };
   j["evidence"] = json::array();
   for (const Evidence& e : d.evidence) j["evidence"].push_back({{"line", e.line}, {"text", e.text}, {"why", e.why}});
@@ -108,6 +110,10 @@ nlohmann::json to_json(const Diagnosis& d, const std::string& input_name) {
                           {"config_key", f.config_key.empty() ? json(nullptr) : json(f.config_key)},
                           {"value", f.value.empty() ? json(nullptr) : json(f.value)},
                           {"description", f.description}});
+  j["in_vae"] = opt(d.in_vae);
+  j["tried"] = json::array();
+  for (const TriedLever& t : d.tried)
+    j["tried"].push_back({{"id", t.id}, {"setting", t.setting}, {"price", t.price.empty() ? json(nullptr) : json(t.price)}});
   j["notes"] = d.notes;
   j["environment"] = d.environment.empty() ? json(nullptr) : json(d.environment);
   j["recovered"] = d.recovered;
@@ -117,7 +123,8 @@ nlohmann::json to_json(const Diagnosis& d, const std::string& input_name) {
                      {"changes", r.changes},
                      {"final_settings", r.final_settings.empty() ? json(nullptr) : json(r.final_settings)},
                      {"effective_config", r.effective_config.empty() ? json(nullptr) : json(r.effective_config)},
-                     {"steps", opt(r.steps)}};
+                     {"steps", opt(r.steps)},
+                     {"prices", d.guard_prices}};
   } else {
     j["recovery"] = nullptr;
   }
@@ -166,6 +173,10 @@ std::string format_report(const Diagnosis& d, const std::string& input_name) {
   if (s.gradient_checkpointing) st << " gradient checkpointing " << (*s.gradient_checkpointing ? "on" : "off") << ";";
   if (s.low_vram) st << " low_vram " << (*s.low_vram ? "on" : "off") << ";";
   if (s.quantize) st << " quantized base " << (*s.quantize ? "yes" : "no") << ";";
+  if (s.memory_efficient_attention)
+    st << " memory-efficient attention " << (*s.memory_efficient_attention ? "on" : "off") << ";";
+  if (s.attention_chunk) st << " attention chunk " << *s.attention_chunk << ";";
+  if (s.vae_tiling) st << " VAE tiling " << (*s.vae_tiling ? "on" : "off") << ";";
   if (!st.str().empty()) o << "\nSettings seen in the log:" << st.str() << "\n";
 
   if (!d.evidence.empty()) {
@@ -179,8 +190,16 @@ std::string format_report(const Diagnosis& d, const std::string& input_name) {
     const Recovery& r = d.recovery;
     o << "\nWhat the OOM guard changed (" << r.oom_events << " OOM" << (r.oom_events == 1 ? "" : "s") << " handled):\n";
     for (const std::string& c : r.changes) o << "  - " << c << "\n";
+    for (const std::string& p : d.guard_prices) o << "    " << p << "\n";
     if (!r.final_settings.empty()) o << "\nStart the next run with: " << r.final_settings << "\n";
     if (!r.effective_config.empty()) o << "  (written as a config: " << r.effective_config << ")\n";
+  }
+  if (!d.tried.empty()) {
+    o << "\nAlready on, not recommended again:\n";
+    for (const TriedLever& t : d.tried) {
+      o << "  - " << t.setting << "\n";
+      if (!t.price.empty()) o << "    " << t.price << "\n";
+    }
   }
   if (!d.fixes.empty()) {
     o << "\nWhat to change (one at a time, safest first; never rerun unchanged):\n";

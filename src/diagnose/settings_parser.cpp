@@ -42,6 +42,10 @@ const std::vector<SettingKey>& setting_keys() {
       {"sage_attn", I::kMemoryEfficientAttention},
       {"cache_latents", I::kCacheLatents},
       {"use_8bit_adam", I::kUse8bitAdam}, {"use 8-bit adamw", I::kUse8bitAdam},
+      // lora-train memory.attention_chunk / memory.vae_tiling; musubi-tuner --vae_tiling (cache_latents.py,
+      // hv_train_network.py); SimpleTuner --vae_enable_tiling; diffusers' CogVideoX scripts --enable_tiling.
+      {"attention_chunk", I::kAttentionChunk},
+      {"vae_tiling", I::kVaeTiling}, {"vae_enable_tiling", I::kVaeTiling}, {"enable_tiling", I::kVaeTiling},
   };
   return table;
 }
@@ -238,6 +242,10 @@ void parse_setting(Settings& s, SettingId id, std::string_view low, size_t pos, 
       break;
     case I::kCacheLatents: set_bool(s.cache_latents, v); break;
     case I::kUse8bitAdam: break;
+    case I::kAttentionChunk:
+      if (!v.ints.empty() && v.token != "list") s.attention_chunk = v.ints.front();
+      break;
+    case I::kVaeTiling: set_bool(s.vae_tiling, v); break;
   }
 }
 

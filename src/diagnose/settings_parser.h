@@ -12,7 +12,7 @@ enum class SettingId {
   kGradientCheckpointing, kBatchSize, kAccumulation, kRank, kResolution, kFrames, kPrecision, kOptimizer,
   kLowVram, kQuantize, kFp8Base, kBlocksToSwap, kDisableSampling, kSkipFirstSample, kSampleAtFirst,
   kSampleEvery, kSampleSteps, kSampleWidth, kSampleHeight, kMemoryEfficientAttention, kCacheLatents,
-  kUse8bitAdam,
+  kUse8bitAdam, kAttentionChunk, kVaeTiling,
 };
 
 struct SettingKey {

@@ -16,15 +16,19 @@ constexpr int64_t kMiB = int64_t(1) << 20;
 const CauseRecord& record(const AnalyzerState& st, Cause c) { return st.causes[static_cast<int>(c)]; }
 
 // The latest fatal event among the specific look-alikes (a NaN in a progress bar is enough, and so
-// is a GPU fault the kernel logs: NVRM lines are no Python errors).
+// is a GPU fault the kernel logs: NVRM lines are no Python errors). A NaN shown only by the bar
+// does not end a run an exception of another kind ended (a shape error at step 492 with
+// avr_loss=nan in the bar tqdm prints after it).
 Cause latest_look_alike(const AnalyzerState& st, int64_t* at_seq) {
   Cause best = Cause::kNone;
   *at_seq = -1;
+  const bool other_exception = record(st, Cause::kOther).fatal_count > 0;
   for (int c = static_cast<int>(Cause::kHostOom); c < static_cast<int>(Cause::kOther); ++c) {
     const CauseRecord& r = st.causes[c];
     int64_t seq = r.last_fatal.seq;
     const Cause cause = static_cast<Cause>(c);
-    if ((cause == Cause::kNanLoss || cause == Cause::kGpuFault) && seq < 0) seq = r.last.seq;
+    if (cause == Cause::kGpuFault && seq < 0) seq = r.last.seq;
+    if (cause == Cause::kNanLoss && seq < 0 && !other_exception) seq = r.last.seq;
     if (seq > *at_seq) {
       *at_seq = seq;
       best = static_cast<Cause>(c);
@@ -222,6 +226,7 @@ void apply_environment(const AnalyzerState& st, const CauseRecord* decisive, Dia
 
 void apply_recovery(const AnalyzerState& st, Diagnosis& d) {
   const GuardLog& g = st.guard;
+  d.guard_prices = g.prices;
   if (!(d.oom && g.oom && g.finished && !g.gave_up)) return;
   d.recovered = true;
   Recovery& r = d.recovery;

@@ -316,6 +316,13 @@ std::map<std::string, std::string> kohya_base_model_metadata(const std::string& 
     m["modelspec.architecture"] = "stable-diffusion-xl-v1-base/lora";
     m["modelspec.implementation"] = "https://github.com/Stability-AI/generative-models";
     m["modelspec.resolution"] = "1024x1024";
+  } else if (family == "flux" || family == "flux_schnell") {
+    // kohya's flux_train_network: one base-model version for both, the variant in modelspec.
+    m["ss_base_model_version"] = "flux1";
+    m["modelspec.architecture"] = std::string(family == "flux" ? "flux-1-dev" : "flux-1-schnell") + "/lora";
+    m["modelspec.implementation"] = "https://github.com/black-forest-labs/flux";
+    m["modelspec.resolution"] = "1024x1024";
+    return m;
   } else {
     throw InputError("no kohya base-model metadata for the '" + family + "' family");
   }

@@ -41,6 +41,19 @@ ComponentSpec ComponentSpec::sdxl_unet(const lt::models::sd::UNetConfig& config)
   return s;
 }
 
+ComponentSpec ComponentSpec::flux_transformer() {
+  ComponentSpec s;
+  // AI Toolkit's names for Flux (diffusers module paths): lora_transformer_<path> in kohya keys
+  // (also OneTrainer's; ComfyUI maps them), transformer.<path> in PEFT keys (AI Toolkit's default).
+  s.kohya_prefix = "lora_transformer";
+  s.peft_prefix = "transformer";
+  s.is_unet = true;
+  // Every Linear inside the blocks (AI Toolkit's transformer_only default): attention, MLPs and
+  // the blocks' modulation; not the embedders or the final layer.
+  s.target_classes = {"FluxTransformerBlock", "FluxSingleTransformerBlock"};
+  return s;
+}
+
 std::string ComponentSpec::kohya_name_of(const std::string& module_path) const {
   return kohya_name(kohya_prefix, kohya_path ? kohya_path(module_path) : module_path);
 }

@@ -38,6 +38,7 @@
 #include "loratrain/train/checkpoint.h"
 #include "loratrain/train/diffusion_model.h"
 #include "loratrain/train/objective.h"
+#include "loratrain/train/preview.h"
 #include "loratrain/train/progress.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
@@ -613,6 +614,7 @@ void Trainer::create_optimizer() {
   ObjectiveOptions objective;
   objective.noise_offset = p_->train.noise_offset;
   objective.min_snr_gamma = p_->train.min_snr_gamma;
+  objective.timestep_type = p_->train.timestep_type;
   objective_ = std::make_unique<TrainingObjective>(model_->traits(), objective);
   if (const auto& e = p_->train.ema_config; e.use_ema) {
     ema_ = std::make_unique<optim::AdapterEMA>(optimizer_->params(),
@@ -710,6 +712,7 @@ Conditioning Trainer::conditioning_for(const data::Batch& batch) {
     captions.assign(captions.size(), dataset_->options().trigger_word);
   }
   c.text = text_on_device(captions);
+  c.guidance = p_->train.cfg_scale;
   for (const auto& item : batch.items) {
     const auto& image = dataset_->images()[item.image];
     c.images.push_back({image.width, image.height, item.placement.crop_x, item.placement.crop_y,
@@ -845,26 +848,10 @@ void Trainer::sample_previews(int64_t step) {
       const auto& prompt = prompts[i];
       guard_->set_context({step, static_cast<int>(prompt.width), static_cast<int>(prompt.height), 1, 1, 0});
       network_->set_multiplier(prompt.network_multiplier);
-      // A preview is conditioned as a training image of its own size, uncropped.
-      const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
-      const Conditioning cond{text_on_device({prompt.text}), {geometry}};
-      const Conditioning uncond{text_on_device({prompt.negative}), {geometry}};
-      auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(p_->sample.sampler),
-                                              sample::default_scheduler_config(traits.scheduler_config));
-      sample::SamplerOptions options;
-      options.steps = prompt.steps;
-      options.guidance_scale = prompt.guidance_scale;
-      options.guidance_rescale = prompt.guidance_rescale;
-      options.seed = static_cast<uint64_t>(prompt.seed);
-      options.latent_shape = {1, traits.latent_channels, prompt.height / traits.latent_downscale,
-                              prompt.width / traits.latent_downscale};
-      options.dtype = dtype_;
-      options.device = device_;
-      options.prediction_type = traits.prediction;
-      at::Tensor latents = sample::sample(*scheduler, [&](const at::Tensor& x, const at::Tensor& t, bool use_uncond) {
-        return model_->predict(x, t, use_uncond ? uncond : cond);
-      }, options);
-      images.push_back(io::tensor_to_image(model_->decode_latents(latents)[0]));
+      const TextEmbedding negative = traits.embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
+      const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
+                                              PreviewOptions{p_->sample.sampler, dtype_, device_});
+      images.push_back(io::tensor_to_image(image));
       io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
     }
   }

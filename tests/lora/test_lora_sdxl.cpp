@@ -637,5 +637,8 @@ CATCH_TEST_CASE("kohya base-model metadata per family", "[lora][metadata]") {
   CATCH_CHECK(kohya_base_model_metadata("sd1").at("ss_base_model_version") == "sd_v1");
   CATCH_CHECK(kohya_base_model_metadata("sd2", true).at("ss_base_model_version") == "sd_v2_v");
   CATCH_CHECK(kohya_base_model_metadata("sd2").at("ss_v2") == "True");
-  CATCH_CHECK_THROWS_AS(kohya_base_model_metadata("flux"), lt::InputError);
+  CATCH_CHECK(kohya_base_model_metadata("flux").at("ss_base_model_version") == "flux1");
+  CATCH_CHECK(kohya_base_model_metadata("flux").at("modelspec.architecture") == "flux-1-dev/lora");
+  CATCH_CHECK(kohya_base_model_metadata("flux_schnell").at("modelspec.architecture") == "flux-1-schnell/lora");
+  CATCH_CHECK_THROWS_AS(kohya_base_model_metadata("wan"), lt::InputError);
 }

@@ -1,11 +1,14 @@
-// Parity runners for the CLIP text encoders (transformers CLIPTextModel and
-// CLIPTextModelWithProjection) and transformers' slow CLIPTokenizer.
+// Parity runners for the text encoders (transformers CLIPTextModel, CLIPTextModelWithProjection,
+// T5EncoderModel) and transformers' slow CLIPTokenizer.
 #include <torch/torch.h>
 
 #include <fstream>
 
+#include "loratrain/models/attention.h"
 #include "loratrain/models/text/clip.h"
 #include "loratrain/models/text/clip_tokenizer.h"
+#include "loratrain/models/text/t5.h"
+#include "loratrain/models/text/t5_checkpoint.h"
 #include "models/parity_runners.h"
 #include "test_paths.h"
 
@@ -41,6 +44,36 @@ const RunnerRegistrar clip_text_runner("CLIPTextModel",
                                        [](const Case& c) { return run_clip<CLIPTextModel>(c, false); });
 const RunnerRegistrar clip_projection_runner("CLIPTextModelWithProjection", [](const Case& c) {
   return run_clip<CLIPTextModelWithProjection>(c, true);
+});
+
+// The call in meta.json: no mask (as Flux calls it), the tokenizer's mask, and 160 tokens (the
+// log-spaced buckets and the max_distance clamp). Passes: the transformers folder's config with
+// load_state_dict; the single-file path (config detected from the shapes); and attention in
+// 5-row query chunks (the memory guard's setting).
+Outputs t5_outputs(T5EncoderModel& model, const Case& c) {
+  return {{"out.last_hidden_state", model(c.input("in.input_ids"))},
+          {"out.last_hidden_state_masked", model(c.input("in.input_ids"), c.input("in.attention_mask"))},
+          {"out.long.last_hidden_state", model(c.input("in.long.input_ids"))}};
+}
+
+const RunnerRegistrar t5_encoder_runner("T5EncoderModel", [](const Case& c) {
+  std::vector<Pass> passes;
+  auto weights = c.open("weights.safetensors");
+  T5EncoderModel model(T5Config::from_json(c.config, (c.dir / "config.json").string()));
+  load_state_dict(*model, *weights, t5_load_options(*weights));
+  model->eval();
+  passes.push_back({"weights.safetensors, config.json", t5_outputs(model, c)});
+
+  T5EncoderModel detected = load_t5_encoder(c.dir / "weights.safetensors");
+  passes.push_back({"weights.safetensors as a single file", t5_outputs(detected, c)});
+
+  struct ChunkScope {
+    int64_t saved = default_query_chunk();
+    explicit ChunkScope(int64_t rows) { set_default_query_chunk(rows); }
+    ~ChunkScope() { set_default_query_chunk(saved); }
+  } chunks(5);
+  passes.push_back({"query chunks of 5 rows", t5_outputs(model, c)});
+  return passes;
 });
 
 // The OpenAI vocabulary is not part of the project: the case folder may hold it (a parity root

@@ -134,6 +134,7 @@ struct TrainConfig {
   bool unload_text_encoder = false;         // encode "" and the trigger word once; captions are not used
   bool cache_text_embeddings = false;
   bool bypass_guidance_embedding = false;   // Flux: train with the guidance embedder bypassed
+  double cfg_scale = 1.0;                   // Flux dev: the guidance value embedded while training
   std::optional<int> start_step;
   EmaConfig ema_config;
   std::string loss_type = "mse";

@@ -98,6 +98,8 @@ struct Settings {
   std::optional<bool> skip_first_sample;
   std::optional<bool> sample_at_first;
   std::optional<bool> memory_efficient_attention;  // xformers / sdpa
+  std::optional<int> attention_chunk;   // lora-train memory.attention_chunk (query rows per chunk; 0 = off)
+  std::optional<bool> vae_tiling;       // tiled VAE encode/decode (lora-train memory.vae_tiling, musubi --vae_tiling, ...)
   std::optional<bool> cache_latents;
   std::optional<std::string> precision;
   std::optional<std::string> optimizer;
@@ -129,6 +131,14 @@ struct Recovery {
   std::optional<int64_t> steps;      // steps the run completed
 };
 
+// A lever that costs nothing in results (chunked / memory-efficient attention, tiled VAE) that the
+// run already had on: it is not recommended again, and the report says it was tried.
+struct TriedLever {
+  std::string id;       // fix id it would have been: memory_efficient_attention, vae_tiling
+  std::string setting;  // what is on, in the trainer's words ("memory.attention_chunk: 1024")
+  std::string price;    // lora-train: the guard's price line for that change ("" when none)
+};
+
 struct Diagnosis {
   bool oom = false;
   Cause cause = Cause::kNone;
@@ -152,6 +162,11 @@ struct Diagnosis {
   std::string environment;
   bool recovered = false;       // the OOMs were handled and the run finished: no fixes, see recovery
   Recovery recovery;
+  // Whether the failing traceback runs through the VAE (encode/decode); null without a traceback.
+  // Tiling the VAE helps a preview or a caching pass only there.
+  std::optional<bool> in_vae;
+  std::vector<TriedLever> tried;           // free levers already on (not among the fixes)
+  std::vector<std::string> guard_prices;   // lora-train: the guard's "price of #N (...): ..." lines
   int64_t lines = 0;
   int64_t bytes = 0;
 };

@@ -11,4 +11,8 @@ namespace lt::diagnose {
 // memory-related to change (e.g. a missing file); look-alikes get their own short advice.
 std::vector<Fix> plan_fixes(const Diagnosis& d);
 
+// The free levers (chunked / memory-efficient attention, tiled VAE) the settings show are already on,
+// with lora-train's guard price for each when the log has one.
+std::vector<TriedLever> tried_levers(const Diagnosis& d);
+
 }  // namespace lt::diagnose

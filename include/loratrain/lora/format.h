@@ -59,8 +59,8 @@ struct LoRAFileInfo {
 // The base-model keys kohya writes into a LoRA's metadata (train_network.py ss_v2 and
 // ss_base_model_version; sai_model_spec's modelspec.architecture / .implementation / .resolution),
 // by family: "sd1" (sd_v1), "sd2" (sd_v2, or sd_v2_v with v_prediction), "sdxl" (sdxl_base_v1-0,
-// stable-diffusion-xl-v1-base/lora, Stability-AI/generative-models). Throws lt::InputError for
-// other families.
+// stable-diffusion-xl-v1-base/lora, Stability-AI/generative-models), "flux" / "flux_schnell"
+// (flux1, flux-1-dev/lora or flux-1-schnell/lora). Throws lt::InputError for other families.
 std::map<std::string, std::string> kohya_base_model_metadata(const std::string& family, bool v_prediction = false);
 
 LoRAFileInfo inspect_lora(const io::SafetensorsFile& file);

@@ -60,6 +60,9 @@ struct ComponentSpec {
   // lora_unet_output_blocks_..., with conv rank lora_unet_input_blocks_1_0_in_layers_2 ...), as
   // kohya's sdxl_train_network writes them; PEFT names stay diffusers' (unet.down_blocks...).
   static ComponentSpec sdxl_unet(const lt::models::sd::UNetConfig& config);
+  // Every Linear of Flux's double- and single-stream blocks (FluxTransformer2DModel, diffusers
+  // names): lora_transformer_transformer_blocks_0_attn_to_q / transformer.transformer_blocks.0.attn.to_q.
+  static ComponentSpec flux_transformer();
   // CLIPAttention/CLIPMLP of a CLIPTextModel. index 0: SD1/SD2's single text encoder (lora_te,
   // text_encoder); 1 and 2: SDXL's (lora_te1/text_encoder, lora_te2/text_encoder_2).
   static ComponentSpec text_encoder(int index = 0);

@@ -24,6 +24,7 @@
 #include "loratrain/data/cache.h"
 #include "loratrain/playbook/vocabulary.h"
 #include "loratrain/sample/noise.h"
+#include "loratrain/sample/scheduler.h"
 
 namespace torch::nn {
 class Module;
@@ -55,10 +56,14 @@ struct ImageGeometry {
 struct Conditioning {
   TextEmbedding text;                // from encode_text (or the cache), on the device
   std::vector<ImageGeometry> images; // one per batch row
+  // The guidance value a guidance-distilled denoiser embeds (Flux dev: train.cfg_scale while
+  // training, sample.guidance_scale in previews); models without a guidance embedder ignore it.
+  double guidance = 1.0;
 };
 
-// How the training examples are built (DDPM-style noise; flow matching comes with Flux).
-enum class Objective { ddpm };
+// How the training examples are built: DDPM noise on a beta schedule (SD, SDXL), or rectified
+// flow (Flux, Wan): x_t = (1 - sigma) x0 + sigma noise, target noise - x0.
+enum class Objective { ddpm, flow_matching };
 
 // Facts of a loaded model the trainer needs, read once.
 struct ModelTraits {
@@ -69,7 +74,13 @@ struct ModelTraits {
   bool is_video = false;
   Objective objective = Objective::ddpm;
   sample::PredictionType prediction = sample::PredictionType::kEpsilon;
-  sample::NoiseScheduleConfig noise_schedule;  // the training noise schedule
+  sample::NoiseScheduleConfig noise_schedule;  // the training noise schedule (ddpm)
+  // The training sigma shift (flow_matching): AI Toolkit's flowmatch scheduler config of the family.
+  sample::FlowMatchEulerDiscreteSchedulerConfig flow_schedule;
+  int64_t latent_patch_size = 1;         // latent cells per token side (Flux packs 2x2 cells)
+  // Guidance is an input of the denoiser (Conditioning::guidance), not classifier-free guidance:
+  // previews run the conditional branch alone with the prompt's guidance scale embedded.
+  bool embedded_guidance = false;
   std::string scheduler_config;          // sample::default_scheduler_config name for previews
 };
 

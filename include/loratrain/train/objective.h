@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 
 #include "loratrain/train/diffusion_model.h"
 
@@ -13,12 +14,13 @@ namespace lt::train {
 
 struct ObjectiveOptions {
   double noise_offset = 0.0;             // train.noise_offset
-  std::optional<double> min_snr_gamma;   // train.min_snr_gamma
+  std::optional<double> min_snr_gamma;   // train.min_snr_gamma (ddpm)
+  std::string timestep_type = "sigmoid"; // train.timestep_type (flow matching)
 };
 
 struct TrainingExample {
   at::Tensor noisy;      // the denoiser's input, like the latents
-  at::Tensor timesteps;  // [B]
+  at::Tensor timesteps;  // [B]: int64 in [0, 1000) for ddpm, float32 sigma * 1000 for flow matching
   at::Tensor target;     // what the denoiser should predict, like the latents
   at::Tensor weights;    // [B] per-sample loss weights, undefined = equal
 };
@@ -28,6 +30,9 @@ class TrainingObjective {
   TrainingObjective(const ModelTraits& traits, const ObjectiveOptions& options);
   // Draws noise (then offset, then timesteps: kohya's order) from `rng`.
   TrainingExample make_example(const at::Tensor& latents, at::Generator& rng) const;
+  // Flow matching: the noise level of each of `batch` rows for latents of `height` x `width`
+  // cells, as AI Toolkit draws it for timestep_type (float32 [batch] in (0, 1], CPU).
+  at::Tensor draw_flow_sigmas(int64_t batch, int64_t height, int64_t width, at::Generator& rng) const;
 
  private:
   ModelTraits traits_;

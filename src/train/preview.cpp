@@ -1,0 +1,56 @@
+#include "loratrain/train/preview.h"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "loratrain/sample/sampler.h"
+#include "loratrain/sample/scheduler.h"
+
+namespace lt::train {
+
+at::Tensor render_preview(DiffusionModel& model, const sample::SamplePrompt& prompt, const TextEmbedding& text,
+                          const TextEmbedding& negative_text, const PreviewOptions& preview) {
+  torch::NoGradGuard no_grad;
+  const ModelTraits& traits = model.traits();
+  // A preview is conditioned as a training image of its own size, uncropped.
+  const ImageGeometry geometry{prompt.width, prompt.height, 0, 0, prompt.width, prompt.height};
+  Conditioning cond{text, {geometry}};
+  const Conditioning uncond{negative_text, {geometry}};
+  sample::SamplerOptions options;
+  options.steps = prompt.steps;
+  options.guidance_scale = prompt.guidance_scale;
+  options.guidance_rescale = prompt.guidance_rescale;
+  if (traits.embedded_guidance) {
+    cond.guidance = prompt.guidance_scale;
+    options.guidance_scale = 1.0;  // the conditional branch alone
+  }
+  options.seed = static_cast<uint64_t>(prompt.seed);
+  const int64_t latent_h = prompt.height / traits.latent_downscale, latent_w = prompt.width / traits.latent_downscale;
+  options.latent_shape = {1, traits.latent_channels, latent_h, latent_w};
+  options.dtype = preview.dtype;
+  options.device = preview.device;
+  options.prediction_type = traits.prediction;
+
+  const nlohmann::json scheduler_config = sample::default_scheduler_config(traits.scheduler_config);
+  auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(preview.sampler), scheduler_config);
+  if (traits.objective == Objective::flow_matching) {
+    // The Flux/Wan pipelines' schedule: unshifted sigmas numpy.linspace(1, 1/N, N), shifted by
+    // the image's token count where the scheduler shifts dynamically.
+    const double n = static_cast<double>(prompt.steps);
+    const double step_size = prompt.steps > 1 ? (1.0 / n - 1.0) / (n - 1.0) : 0.0;
+    for (int64_t k = 0; k < prompt.steps; ++k) options.timestep_options.sigmas.push_back(1.0 + static_cast<double>(k) * step_size);
+    if (scheduler_config.value("use_dynamic_shifting", false)) {
+      const auto flow = sample::FlowMatchEulerDiscreteSchedulerConfig::from_json(scheduler_config);
+      const int64_t p = traits.latent_patch_size;
+      options.timestep_options.mu = sample::calculate_shift((latent_h / p) * (latent_w / p), flow.base_image_seq_len,
+                                                            flow.max_image_seq_len, flow.base_shift, flow.max_shift);
+    }
+  }
+  at::Tensor latents = sample::sample(*scheduler, [&](const at::Tensor& x, const at::Tensor& t, bool use_uncond) {
+    return model.predict(x, t, use_uncond ? uncond : cond);
+  }, options);
+  return model.decode_latents(latents)[0];
+}
+
+}  // namespace lt::train

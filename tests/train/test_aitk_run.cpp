@@ -1,0 +1,76 @@
+// AI Toolkit's own UI jobs for the families lora-train trains run to the end, on a tiny base of
+// the same layout found through the local Hugging Face cache (as the UI's repo ids resolve).
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "../config/scoped_env.h"
+#include "loratrain/config/config.h"
+#include "loratrain/io/safetensors.h"
+#include "loratrain/train/trainer.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// HF_HUB_CACHE/models--org--name/{refs/main, snapshots/<rev>/} holding `base` as a diffusers folder.
+void put_in_hub_cache(const fs::path& hub, const std::string& repo, lt::train::DemoArch arch) {
+  std::string folder = "models--" + repo;
+  folder.replace(folder.find('/'), 1, "--");
+  const fs::path dir = hub / folder;
+  fs::create_directories(dir / "refs");
+  std::ofstream(dir / "refs" / "main") << "5f2c1a";
+  lt::train::DemoBaseOptions options;
+  options.arch = arch;
+  options.diffusers = true;
+  lt::train::write_demo_base(dir / "snapshots" / "5f2c1a", options);
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a tiny base in the Hugging Face cache",
+                "[train][e2e][aitk]") {
+  const auto [job, repo, arch] =
+      GENERATE(std::make_tuple(std::string("ui_sd15.yaml"), std::string("stable-diffusion-v1-5/stable-diffusion-v1-5"),
+                               lt::train::DemoArch::kSD1),
+               std::make_tuple(std::string("ui_sdxl.yaml"), std::string("stabilityai/stable-diffusion-xl-base-1.0"),
+                               lt::train::DemoArch::kSDXL));
+  CATCH_INFO(job);
+  const fs::path root = lt::test::scratch_dir("aitk_run_" + job.substr(0, job.find('.')));
+  put_in_hub_cache(root / "hub", repo, arch);
+  lt::test::ScopedEnv env;
+  env.set("HF_HUB_CACHE", (root / "hub").string());
+
+  lt::train::RunRequest request;
+  request.config_path = lt::test::source_dir() / "tests" / "config" / "data" / "aitk" / job;
+  // folder_path and device, as a user changes them; the rest only keeps the test short (a few
+  // steps, small previews) and the outputs in the scratch folder.
+  request.overrides = {"datasets.0.folder_path=" + (lt::test::tiny_assets() / "data").string(),
+                       "device=cpu",
+                       "training_folder=" + root.string(),
+                       "train.steps=4",
+                       "save.save_every=2",
+                       "sample.sample_every=4",
+                       "sample.sample_steps=2",
+                       "sample.width=64",
+                       "sample.height=64"};
+  const auto result = lt::train::run_training(request);
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 4);
+  const fs::path run = root / "my_first_lora_v1";
+  CATCH_CHECK(fs::exists(run / "my_first_lora_v1_000000002.safetensors"));
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));  // skip_first_sample: false
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000004.png"));
+  CATCH_CHECK(fs::exists(run / "report.html"));
+  // save_format: diffusers -> PEFT names, in bf16 (save.dtype), with the UI's conv 16 on SD UNets.
+  auto lora = lt::io::SafetensorsFile::open(run / "my_first_lora_v1.safetensors");
+  bool peft = false, conv = false;
+  for (const auto& t : lora->tensors()) {
+    if (t.name.find(".lora_A.weight") != std::string::npos) peft = true;
+    if (t.name.find("conv") != std::string::npos && t.shape.size() == 4) conv = true;
+    CATCH_CHECK(t.dtype == lt::io::DType::BF16);
+  }
+  CATCH_CHECK(peft);
+  CATCH_CHECK(conv);
+}
