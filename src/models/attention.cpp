@@ -18,19 +18,10 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& mask, bool upcast, int64_t row_offset, bool causal) {
   at::Tensor qs = upcast ? q.to(at::kFloat) : q;
   at::Tensor ks = upcast ? k.to(at::kFloat) : k;
-  at::Tensor scores;  // [B, H, lq, Lk]
   const int64_t lq = q.size(-2), lk = k.size(-2);
-  if (qs.dim() >= 3 && qs.sizes().slice(0, qs.dim() - 2) == ks.sizes().slice(0, ks.dim() - 2)) {
-    // The scale inside the product, as diffusers' classic processor does with baddbmm: no second
-    // pass over, and no second copy of, the score matrix in forward or backward.
-    const at::Tensor q3 = qs.reshape({-1, lq, qs.size(-1)});
-    const at::Tensor k3 = ks.reshape({-1, lk, ks.size(-1)});
-    std::vector<int64_t> shape(qs.sizes().begin(), qs.sizes().end() - 1);
-    shape.push_back(lk);
-    scores = at::baddbmm(at::empty({q3.size(0), lq, lk}, q3.options()), q3, k3.transpose(1, 2), 0.0, scale).view(shape);
-  } else {
-    scores = at::matmul(qs, ks.transpose(-1, -2)) * scale;  // broadcast batch dimensions
-  }
+  // The scale goes on q ([.., lq, D]) rather than on the [.., lq, Lk] scores: no second pass over,
+  // and no second copy of, the score matrix in forward or backward.
+  at::Tensor scores = at::matmul(qs * scale, ks.transpose(-1, -2));  // [B, H, lq, Lk]
   if (mask) scores = scores + *mask;
   if (causal) {
     auto rows = at::arange(row_offset, row_offset + lq, q.options().dtype(at::kLong)).unsqueeze(1);

@@ -75,9 +75,9 @@ void configure_cpu_threads() {
   if (threads > 0) at::set_num_threads(threads);
   // LibTorch 1.13 does not parallelise around a BLAS call: a matrix product (every Linear) runs on
   // OpenBLAS's own threads or on one core. OpenBLAS gets as many threads as LibTorch; the two
-  // pools take turns (attention, which would make them overlap, holds OpenBLAS at one thread
-  // while it spreads heads over LibTorch's threads). Looked up at run time so the build does not
-  // depend on which BLAS Debian's alternatives select.
+  // pools take turns (chunked attention, which would make them overlap, holds OpenBLAS at one
+  // thread while it spreads heads over LibTorch's threads). Looked up at run time so the build
+  // does not depend on which BLAS Debian's alternatives select.
   int blas_threads = std::max(1, threads);
   if (const char* env = std::getenv("LT_BLAS_THREADS")) blas_threads = std::max(1, std::atoi(env));
   using SetThreads = void (*)(int);
