@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", [] { return lt::cli::version_text(); }, "Print versions and devices, then exit");
 
   lt::cli::Action chosen;
-  lt::cli::add_run_command(app, chosen);
+  lt::cli::add_run_command(app, chosen, argv);
   lt::cli::add_diagnose_command(app, chosen);
   lt::cli::add_plan_command(app, chosen);
   lt::cli::add_sample_command(app, chosen);

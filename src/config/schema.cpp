@@ -714,7 +714,7 @@ const Table<MemoryConfig>& memory_table() {
     t.back().info.ours = true;
     t.push_back(field("attention_chunk", &S::attention_chunk,
                       "Compute attention this many query rows at a time (less memory for long sequences, e.g. "
-                      "video); 0 = all at once. Exact: the results do not change. The OOM guard sets it first.")
+                      "video); 0 = all at once. Exact: the results do not change beyond float rounding. The OOM guard sets it first.")
                     .min(0)
                     .ours()
                     .lever());

@@ -136,8 +136,11 @@ at::Tensor LoRAModuleImpl::delta(const at::Tensor& x) {
   at::Tensor lx = is_conv_ ? torch::conv2d(xf, lora_down, {}, {stride_, stride_}, {padding_, padding_})
                            : torch::nn::functional::linear(xf, lora_down);
   if (dropout > 0.0 && is_training()) lx = torch::dropout(lx, dropout, /*train=*/true);
-  lx = is_conv_ ? torch::conv2d(lx, lora_up) : torch::nn::functional::linear(lx, lora_up);
-  return lx * (multiplier * scale());
+  // The scale goes on the rank-wide tensor, not on the output: rank/out of the work, forward and
+  // backward; at scale 1 (alpha = rank) there is nothing to multiply.
+  const double s = multiplier * scale();
+  if (s != 1.0) lx = lx * s;
+  return is_conv_ ? torch::conv2d(lx, lora_up) : torch::nn::functional::linear(lx, lora_up);
 }
 
 at::Tensor LoRAModuleImpl::delta_weight(double m) const {

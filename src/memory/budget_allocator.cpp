@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "loratrain/memory/host_cache.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -85,7 +86,7 @@ std::string format_allocator_size(int64_t bytes) {
 }
 
 CpuBudgetAllocator::CpuBudgetAllocator(int64_t budget_bytes, c10::Allocator* underlying)
-    : state_(new State), underlying_(underlying ? underlying : c10::GetDefaultCPUAllocator()) {
+    : state_(new State), underlying_(underlying ? underlying : &HostCachingAllocator::instance()) {
   state_->budget.store(budget_bytes < 0 ? 0 : budget_bytes);
   state_->underlying_deleter = underlying_->raw_deleter();
   if (state_->underlying_deleter == nullptr) {

@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
-#include "loratrain/models/checkpointing.h"
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <atomic>
 #include <cmath>
@@ -16,10 +18,12 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& mask, bool upcast, int64_t row_offset, bool causal) {
   at::Tensor qs = upcast ? q.to(at::kFloat) : q;
   at::Tensor ks = upcast ? k.to(at::kFloat) : k;
-  at::Tensor scores = at::matmul(qs, ks.transpose(-1, -2)) * scale;  // [B, H, lq, Lk]
+  const int64_t lq = q.size(-2), lk = k.size(-2);
+  // The scale goes on q ([.., lq, D]) rather than on the [.., lq, Lk] scores: no second pass over,
+  // and no second copy of, the score matrix in forward or backward.
+  at::Tensor scores = at::matmul(qs * scale, ks.transpose(-1, -2));  // [B, H, lq, Lk]
   if (mask) scores = scores + *mask;
   if (causal) {
-    const int64_t lq = q.size(-2), lk = k.size(-2);
     auto rows = at::arange(row_offset, row_offset + lq, q.options().dtype(at::kLong)).unsqueeze(1);
     auto cols = at::arange(lk, q.options().dtype(at::kLong)).unsqueeze(0);
     scores = scores.masked_fill(cols > rows, -std::numeric_limits<float>::infinity());
@@ -27,6 +31,150 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   at::Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
   return at::matmul(probs, v);
 }
+
+// One head's inputs: q [Lq, D], k and v [Lk, D], the additive mask rows [Lq or 1, Lk] (undefined: none).
+struct Head {
+  at::Tensor q, k, v, mask;
+};
+
+struct BlockSetup {
+  double scale;
+  int64_t block;  // query rows per block
+  bool causal;
+};
+
+// Heads of [N, L, D] tensors, N = B * H; the mask is 4-D, broadcastable to [B, H, Lq, Lk], or empty.
+Head head_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask, int64_t heads,
+             int64_t n) {
+  Head h{q[n], k[n], v[n], at::Tensor()};
+  if (mask.numel() > 0) h.mask = mask[(n / heads) % mask.size(0)][(n % heads) % mask.size(1)];
+  return h;
+}
+
+// Softmax probabilities of query rows [start, start + len) of one head: [len, Lk] in v's dtype.
+// Forward and backward call it with the same arguments, so backward sees exactly the
+// probabilities forward used.
+at::Tensor block_probs(const Head& h, int64_t start, int64_t len, const BlockSetup& s) {
+  at::Tensor scores = at::mm(h.q.narrow(0, start, len), h.k.t()).mul_(s.scale);  // [len, Lk]
+  if (h.mask.defined()) scores.add_(h.mask.size(0) == 1 ? h.mask : h.mask.narrow(0, start, len));
+  if (s.causal) {
+    const int64_t lk = h.k.size(0);
+    auto rows = at::arange(start, start + len, scores.options().dtype(at::kLong)).unsqueeze(1);
+    auto cols = at::arange(lk, scores.options().dtype(at::kLong)).unsqueeze(0);
+    scores.masked_fill_(cols > rows, -std::numeric_limits<float>::infinity());
+  }
+  return at::softmax(scores, -1).to(h.v.scalar_type());
+}
+
+// LibTorch 1.13 parallelises neither a batched matrix product over its batch nor OpenBLAS well
+// on these shapes (head_dim 40..160 is a thin inner dimension): heads are spread over LibTorch's
+// threads instead, each running single-threaded BLAS on its own head, with OpenBLAS's own pool
+// held at one thread meanwhile so the two pools never compete for the same cores.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() {
+    if (set_ && get_) {
+      previous_ = get_();
+      if (previous_ != 1) set_(1);
+    }
+  }
+  ~SingleThreadedBlas() {
+    if (set_ && get_ && previous_ != 1) set_(previous_);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  using Set = void (*)(int);
+  using Get = int (*)();
+  static inline Set set_ = reinterpret_cast<Set>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  static inline Get get_ = reinterpret_cast<Get>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  int previous_ = 1;
+};
+
+template <typename Fn>
+void for_each_head(int64_t n, const Fn& fn) {
+  SingleThreadedBlas blas;
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+// q [N, Lq, D], k and v [N, Lk, D] (contiguous; q and k already in the scores' dtype).
+at::Tensor blocked_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           int64_t heads, const BlockSetup& s) {
+  const int64_t lq = q.size(1);
+  at::Tensor out = at::empty({q.size(0), lq, v.size(2)}, v.options());
+  for_each_head(q.size(0), [&](int64_t n) {
+    const Head h = head_of(q, k, v, mask, heads, n);
+    const at::Tensor o = out[n];
+    for (int64_t start = 0; start < lq; start += s.block) {
+      const int64_t len = std::min(s.block, lq - start);
+      at::Tensor o_rows = o.narrow(0, start, len);
+      at::mm_out(o_rows, block_probs(h, start, len, s), h.v);
+    }
+  });
+  return out;
+}
+
+// Memory-efficient attention with an exact backward: only q, k, v (and the mask) are kept for
+// backward, which recomputes each block's probabilities and applies the softmax gradient to that
+// block alone. The extra memory is one block per thread instead of the whole [N, Lq, Lk] matrix
+// that autograd through plain attention keeps (and no score matrix of a whole layer is ever
+// written, scaled and re-read).
+struct BlockedAttention : public torch::autograd::Function<BlockedAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& mask, double scale, int64_t block, int64_t heads,
+                            bool causal) {
+    ctx->save_for_backward({q, k, v, mask});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["causal"] = causal;
+    return blocked_forward(q, k, v, mask, heads, {scale, block, causal});
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3];
+    const BlockSetup s{ctx->saved_data["scale"].toDouble(), ctx->saved_data["block"].toInt(),
+                       ctx->saved_data["causal"].toBool()};
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    const at::Tensor grad_out = grads[0].to(v.scalar_type()).contiguous();  // [N, Lq, D]
+    const int64_t lq = q.size(1);
+    at::Tensor dq = at::empty_like(q);
+    at::Tensor dk = at::zeros_like(k);
+    at::Tensor dv = at::zeros_like(v);
+    for_each_head(q.size(0), [&](int64_t n) {
+      const Head h = head_of(q, k, v, mask, heads, n);
+      at::Tensor dq_h = dq[n], dk_h = dk[n], dv_h = dv[n];
+      const at::Tensor d_out_h = grad_out[n];
+      const at::Tensor v_t = h.v.t();
+      for (int64_t start = 0; start < lq; start += s.block) {
+        const int64_t len = std::min(s.block, lq - start);
+        const at::Tensor q_rows = h.q.narrow(0, start, len);
+        const at::Tensor probs = block_probs(h, start, len, s);                 // [len, Lk]
+        const at::Tensor d_out = d_out_h.narrow(0, start, len);                 // [len, D]
+        dv_h.addmm_(probs.t(), d_out);                                          // dV += P^T dO
+        const at::Tensor d_probs = at::mm(d_out, v_t).to(q.scalar_type());     // [len, Lk]
+        const at::Tensor d_scores =
+            at::_softmax_backward_data(d_probs, probs.to(q.scalar_type()), -1, q.scalar_type());
+        at::Tensor dq_rows = dq_h.narrow(0, start, len);
+        at::mm_out(dq_rows, d_scores, h.k).mul_(s.scale);                      // dQ = dS K * scale
+        dk_h.addmm_(d_scores.t(), q_rows, 1.0, s.scale);                        // dK += dS^T Q * scale
+      }
+    });
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Query rows per block: the caller's chunk, at least 16 rows. Smaller blocks would fit the cache
+// but run slower: with a 40..160-wide inner dimension, BLAS repacks k for every block
+// (measured on 2 cores, SD1.5 64x64 latents, one head per thread: 256 rows 4.2 s, 1024 rows
+// 2.4 s per layer forward + backward, plain attention 2.4 s).
+int64_t block_rows(int64_t limit) { return std::max<int64_t>(16, limit); }
+
 }  // namespace
 
 void set_default_query_chunk(int64_t rows) { g_default_chunk = rows; }
@@ -36,34 +184,25 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const AttentionOptions& options, const std::optional<at::Tensor>& mask) {
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   const int64_t lq = q.size(-2);
+  // q, k, v: [B, H, L, D] -> [B * H, L, D]; scores in fp32 when upcast.
+  const int64_t b = q.size(0), heads = q.size(1), lk = k.size(-2), d = q.size(-1), dv = v.size(-1);
+  const at::ScalarType score_dtype = options.upcast ? at::kFloat : q.scalar_type();
   const int64_t chunk = options.query_chunk;
   if (chunk <= 0 || chunk >= lq) return attend(q, k, v, scale, mask, options.upcast, 0, options.causal);
-  // With gradients, a chunk's probabilities would be kept for backward and the whole [Lq, Lk]
-  // matrix would be alive again: each chunk is recomputed in backward instead, so only one chunk's
-  // scores exist at any time, as in memory-efficient attention kernels.
-  const bool recompute = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  std::vector<at::Tensor> outputs;
-  for (int64_t start = 0; start < lq; start += chunk) {
-    const int64_t len = std::min(chunk, lq - start);
-    std::optional<at::Tensor> mask_rows;
-    if (mask) {
-      mask_rows = mask->size(-2) == 1 ? *mask : mask->narrow(-2, start, len);
-    }
-    const at::Tensor q_rows = q.narrow(-2, start, len);
-    if (!recompute) {
-      outputs.push_back(attend(q_rows, k, v, scale, mask_rows, options.upcast, start, options.causal));
-      continue;
-    }
-    const bool upcast = options.upcast, causal = options.causal;
-    outputs.push_back(checkpoint(
-        [scale, upcast, causal, start](const std::vector<at::Tensor>& in) {
-          std::optional<at::Tensor> m;
-          if (in[3].defined()) m = in[3];
-          return attend(in[0], in[1], in[2], scale, m, upcast, start, causal);
-        },
-        {q_rows, k, v, mask_rows.value_or(at::Tensor())}));
+  const at::Tensor q3 = q.to(score_dtype).reshape({b * heads, lq, d}).contiguous();
+  const at::Tensor k3 = k.to(score_dtype).reshape({b * heads, lk, d}).contiguous();
+  const at::Tensor v3 = v.reshape({b * heads, lk, dv}).contiguous();
+  // No mask = an empty tensor: autograd functions take defined tensors only.
+  at::Tensor m = mask ? *mask : at::empty({0}, q3.options());
+  if (mask) {
+    while (m.dim() < 4) m = m.unsqueeze(0);
+    m = m.to(score_dtype);
   }
-  return at::cat(outputs, -2);
+  const int64_t rows = block_rows(chunk);
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const at::Tensor out = grad ? BlockedAttention::apply(q3, k3, v3, m, scale, rows, heads, options.causal)
+                              : blocked_forward(q3, k3, v3, m, heads, {scale, rows, options.causal});
+  return out.view({b, heads, lq, dv});
 }
 
 }  // namespace lt::models

@@ -14,6 +14,7 @@
 #include <array>
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <thread>
 
 #include "loratrain/config/config.h"
@@ -52,15 +53,35 @@ using playbook::MemorySettings;
 using playbook::Phase;
 using playbook::PhaseContext;
 
+std::string cpu_bf16_instructions() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::string found;
+    for (const char* flag : {"avx512_bf16", "amx_bf16"}) {
+      if ((" " + line + " ").find(std::string(" ") + flag + " ") != std::string::npos) {
+        found += (found.empty() ? "" : ", ") + std::string(flag);
+      }
+    }
+    return found;
+  }
+  return "";
+}
+
 void configure_cpu_threads() {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   if (const char* env = std::getenv("LT_NUM_THREADS")) threads = std::max(1, std::atoi(env));
   if (threads > 0) at::set_num_threads(threads);
-  // OpenBLAS's own pool competes with LibTorch's OpenMP pool for the same cores: keep it at one
-  // thread (LibTorch parallelises around the BLAS calls). Looked up at run time so the build does
-  // not depend on which BLAS Debian's alternatives select.
+  // LibTorch 1.13 does not parallelise around a BLAS call: a matrix product (every Linear) runs on
+  // OpenBLAS's own threads or on one core. OpenBLAS gets as many threads as LibTorch; the two
+  // pools take turns (chunked attention, which would make them overlap, holds OpenBLAS at one
+  // thread while it spreads heads over LibTorch's threads). Looked up at run time so the build
+  // does not depend on which BLAS Debian's alternatives select.
+  int blas_threads = std::max(1, threads);
+  if (const char* env = std::getenv("LT_BLAS_THREADS")) blas_threads = std::max(1, std::atoi(env));
   using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(1);
+  if (auto fn = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(blas_threads);
 }
 
 namespace {
@@ -392,6 +413,17 @@ void Trainer::open_run_folder() {
   if (device_.is_cpu() && dtype_ == at::kHalf) {
     spdlog::warn("train.dtype fp16 has no CPU kernels in this LibTorch: training in fp32 on the CPU");
     dtype_ = at::kFloat;
+  }
+  if (device_.is_cpu() && dtype_ == at::kBFloat16) {
+    if (const std::string isa = cpu_bf16_instructions(); isa.empty()) {
+      // Measured on an AVX2-only EPYC (docs/benchmarks.md): bf16 matmuls and convolutions run
+      // emulated, 30-45x slower than fp32.
+      spdlog::warn("train.dtype bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX), LibTorch would "
+                   "emulate them at a fraction of fp32's speed: training in fp32 on the CPU");
+      dtype_ = at::kFloat;
+    } else {
+      spdlog::info("train.dtype bf16 on the CPU: native bf16 path ({})", isa);
+    }
   }
   model_options_.dtype = dtype_;
 }

@@ -18,7 +18,7 @@ namespace lt::memory {
 class CpuBudgetAllocator final : public c10::Allocator {
  public:
   // budget_bytes 0 = unlimited (counting only). `underlying` must support the raw interface
-  // (raw_deleter() != nullptr); nullptr = c10's default CPU allocator.
+  // (raw_deleter() != nullptr); nullptr = the host caching allocator (host_cache.h).
   explicit CpuBudgetAllocator(int64_t budget_bytes = 0, c10::Allocator* underlying = nullptr);
   ~CpuBudgetAllocator() override;
   CpuBudgetAllocator(const CpuBudgetAllocator&) = delete;
@@ -78,7 +78,9 @@ class CpuMemory final : public DeviceMemory {
   explicit CpuMemory(int64_t simulate_vram = 0);
   std::string name() const override;
   int64_t allocated() const override { return allocator_.allocated(); }
-  int64_t reserved() const override { return allocator_.allocated(); }  // no cache on the host
+  // The host cache under the budget (host_cache.h) is host RAM, not simulated VRAM: the books
+  // count live tensors, as a budget with nothing cached would.
+  int64_t reserved() const override { return allocator_.allocated(); }
   int64_t peak_allocated() const override { return allocator_.peak_allocated(); }
   void reset_peak() override { allocator_.reset_peak(); }
   FreeTotal free_and_total() const override;

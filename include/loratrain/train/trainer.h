@@ -40,8 +40,11 @@ struct RunResult {
 
 RunResult run_training(const RunRequest& request);
 
-// Sets LibTorch's intra-op threads to the core count (or LT_NUM_THREADS) and OpenBLAS to one
-// thread, so the two thread pools do not fight over the cores.
+// Sets LibTorch's intra-op threads to the core count (or LT_NUM_THREADS) and OpenBLAS's to the
+// same count: LibTorch runs every matrix product on OpenBLAS's threads.
 void configure_cpu_threads();
+
+// The CPU's native bf16 instruction sets ("avx512_bf16, amx_bf16"), "" when it has none.
+std::string cpu_bf16_instructions();
 
 }  // namespace lt::train
