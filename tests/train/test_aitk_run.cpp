@@ -39,6 +39,11 @@ CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a ti
   CATCH_INFO(job);
   const fs::path root = lt::test::scratch_dir("aitk_run_" + job.substr(0, job.find('.')));
   put_in_hub_cache(root / "hub", repo, arch);
+  // Its own images: this executable runs beside test_train, whose shared assets it must not touch.
+  lt::data::DemoDataOptions images;
+  images.count = 8;
+  images.size = 64;
+  lt::data::make_demo_dataset(root / "images", images);
   lt::test::ScopedEnv env;
   env.set("HF_HUB_CACHE", (root / "hub").string());
 
@@ -46,7 +51,7 @@ CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a ti
   request.config_path = lt::test::source_dir() / "tests" / "config" / "data" / "aitk" / job;
   // folder_path and device, as a user changes them; the rest only keeps the test short (a few
   // steps, small previews) and the outputs in the scratch folder.
-  request.overrides = {"datasets.0.folder_path=" + (lt::test::tiny_assets() / "data").string(),
+  request.overrides = {"datasets.0.folder_path=" + (root / "images").string(),
                        "device=cpu",
                        "training_folder=" + root.string(),
                        "train.steps=4",
