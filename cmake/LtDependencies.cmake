@@ -5,9 +5,21 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(ZLIB REQUIRED)
-# SentencePiece (the T5/umT5 tokenizer) ships a pkg-config file only.
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(LT_SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# SentencePiece (the T5/umT5 tokenizer) ships a pkg-config file only; where pkg-config itself is
+# missing (the GPU image, which gets the Debian packages unpacked into a prefix), the header and
+# library are found directly.
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(LT_SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+else()
+  find_path(LT_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h REQUIRED)
+  find_library(LT_SENTENCEPIECE_LIBRARY sentencepiece REQUIRED)
+  add_library(PkgConfig::LT_SENTENCEPIECE INTERFACE IMPORTED)
+  set_target_properties(PkgConfig::LT_SENTENCEPIECE PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${LT_SENTENCEPIECE_INCLUDE_DIR}"
+    INTERFACE_LINK_LIBRARIES "${LT_SENTENCEPIECE_LIBRARY}")
+  set(LT_SENTENCEPIECE_VERSION "found without pkg-config")
+endif()
 find_path(LT_STB_INCLUDE_DIR stb_image.h PATH_SUFFIXES stb REQUIRED)
 if(LT_BUILD_TESTS)
   find_package(Catch2 REQUIRED)
