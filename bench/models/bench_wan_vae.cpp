@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -84,8 +85,10 @@ int main(int argc, char** argv) {
   if (frames > 0) return measure(frames, size, threads);
   double peaks[2] = {0, 0};
   const int64_t counts[2] = {17, 81};
+  // Resolved here: inside popen's shell, /proc/self/exe is the shell.
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   for (int k = 0; k < 2; ++k) {
-    const std::string cmd = "/proc/self/exe --frames " + std::to_string(counts[k]) + " --size " + std::to_string(size) +
+    const std::string cmd = self + " --frames " + std::to_string(counts[k]) + " --size " + std::to_string(size) +
                             " --threads " + std::to_string(threads);
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return 1;
