@@ -262,3 +262,33 @@ CATCH_TEST_CASE("Wan VAE: causal chunks, 4k+1 frames, native names", "[wan][vae]
   CATCH_CHECK_THROWS_WITH(load_vae(*loaded, *lt::io::SafetensorsFile::open(save("not_vae", {{"x.weight", torch::ones({1})}}))),
                           Catch::Contains("not a Wan 2.1 VAE"));
 }
+
+CATCH_TEST_CASE("Wan transformer: gradient checkpointing and query chunks change nothing", "[wan][training]") {
+  WanTransformer3DModel model = tiny_model();
+  for (auto& p : model->parameters()) p.set_requires_grad(false);
+  const Inputs in = tiny_inputs();
+  auto grad_of_input = [&]() {
+    at::Tensor x = in.latents.clone().set_requires_grad(true);
+    at::Tensor out = model->forward(x, in.timestep, in.text);
+    out.pow(2).mean().backward();
+    return std::make_pair(out.detach(), x.grad());
+  };
+  const auto [plain_out, plain_grad] = grad_of_input();
+  model->set_gradient_checkpointing(true);
+  model->set_attention_query_chunk(5);
+  const auto [ckpt_out, ckpt_grad] = grad_of_input();
+  CATCH_CHECK(max_diff(plain_out, ckpt_out) < 1e-5);
+  CATCH_CHECK(max_diff(plain_grad, ckpt_grad) < 1e-6 * std::max(1.0, plain_grad.abs().max().item<double>()));
+  CATCH_CHECK(plain_grad.abs().sum().item<double>() > 0);
+}
+
+CATCH_TEST_CASE("Wan transformer in bf16 stays close to fp32 (modulation and norms in fp32)", "[wan]") {
+  torch::NoGradGuard no_grad;
+  WanTransformer3DModel model = tiny_model();
+  const Inputs in = tiny_inputs();
+  const at::Tensor reference = model->forward(in.latents, in.timestep, in.text);
+  model->to(torch::kBFloat16);
+  const at::Tensor out = model->forward(in.latents, in.timestep, in.text);
+  CATCH_CHECK(out.scalar_type() == torch::kBFloat16);
+  CATCH_CHECK(max_diff(out.to(torch::kFloat), reference) < 0.05 * std::max(1.0, reference.abs().max().item<double>()));
+}
