@@ -205,6 +205,17 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
     }
     return d;
   }
+  // Wan 2.1's causal video VAE: RMS-norm gammas (native names) or temporal upsamplers (diffusers).
+  if (file.contains("decoder.middle.0.residual.0.gamma") ||
+      (any_prefix(file, "decoder.up_blocks.") && any_key(file, "upsamplers.0.time_conv.weight"))) {
+    d.family = ModelFamily::kWan;
+    const bool native = file.contains("decoder.middle.0.residual.0.gamma");
+    d.format = native ? KeyFormat::kWanOriginal : KeyFormat::kDiffusers;
+    d.evidence = native ? "decoder.middle.0.residual.0.gamma (the Wan video VAE, native names)"
+                        : "decoder.up_blocks.*.upsamplers.0.time_conv (the Wan video VAE, diffusers names)";
+    d.components = split_components(file, {{"vae", ""}});
+    return d;
+  }
   if (any_prefix(file, "encoder.down_blocks.") && any_prefix(file, "decoder.up_blocks.")) {
     d.format = KeyFormat::kDiffusers;
     d.evidence = "diffusers AutoencoderKL keys";

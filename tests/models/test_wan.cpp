@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "loratrain/io/safetensors.h"
+#include "loratrain/models/registry.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/wan/checkpoint.h"
 #include "loratrain/util/error.h"
@@ -256,6 +257,14 @@ CATCH_TEST_CASE("Wan VAE: causal chunks, 4k+1 frames, native names", "[wan][vae]
   CATCH_CHECK(max_diff(vae->denormalize(vae->normalize(whole)), whole) < 1e-5);
 
   const auto path = save("vae_native", native_vae_tensors(*vae));
+  const auto detected = lt::models::detect_checkpoint(*lt::io::SafetensorsFile::open(path));
+  CATCH_CHECK(detected.family == lt::models::ModelFamily::kWan);
+  CATCH_CHECK(detected.format == lt::models::KeyFormat::kWanOriginal);
+  std::vector<std::pair<std::string, at::Tensor>> diffusers_names;
+  for (const auto& [k, v] : lt::models::module_tensors(*vae)) diffusers_names.emplace_back(k, v);
+  const auto detected_diffusers = lt::models::detect_checkpoint(*lt::io::SafetensorsFile::open(save("vae_diffusers", diffusers_names)));
+  CATCH_CHECK(detected_diffusers.family == lt::models::ModelFamily::kWan);
+  CATCH_CHECK(detected_diffusers.format == lt::models::KeyFormat::kDiffusers);
   AutoencoderKLWan loaded(tiny_vae_config());
   load_vae(*loaded, *lt::io::SafetensorsFile::open(path));
   CATCH_CHECK(max_diff(loaded->encode(video).first, whole) == 0.0);
