@@ -160,6 +160,13 @@ CATCH_TEST_CASE("Wan transformer single files: native names with and without the
   WanTransformer3DModel from_diffusers = load_transformer_file(save("diffusers", diffusers));
   CATCH_CHECK(max_diff(from_diffusers->forward(in.latents, in.timestep, in.text), expected) == 0.0);
 
+  // A diffusers transformer/ folder: config.json + diffusion_pytorch_model.safetensors.
+  const auto folder = lt::test::scratch_dir("wan_transformer_folder");
+  lt::io::save_safetensors(folder / "diffusion_pytorch_model.safetensors", diffusers);
+  std::ofstream(folder / "config.json") << tiny_config().to_json().dump();
+  WanTransformer3DModel from_folder = load_transformer_file(folder);
+  CATCH_CHECK(max_diff(from_folder->forward(in.latents, in.timestep, in.text), expected) == 0.0);
+
   // fp16 file (as wan2.1_t2v_1.3B_fp16 ships) loads into fp32 within fp16 rounding.
   std::vector<std::pair<std::string, at::Tensor>> half;
   for (auto& [k, v] : native_transformer_tensors(*model)) half.emplace_back(k, v.to(torch::kHalf));

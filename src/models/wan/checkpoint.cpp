@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "loratrain/models/scaled_fp8.h"
+#include "loratrain/models/sd/load.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
@@ -195,6 +196,14 @@ void load_transformer(WanTransformer3DModelImpl& model, const io::SafetensorsFil
 
 WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, std::optional<at::ScalarType> dtype) {
   if (!std::filesystem::exists(path)) throw InputError(path.string() + ": Wan transformer not found");
+  if (std::filesystem::is_directory(path)) {
+    // A diffusers component folder (transformer/): its config.json decides the sizes.
+    WanTransformer3DModel model(WanTransformerConfig::from_json(sd::read_component_config(path), (path / "config.json").string()));
+    if (dtype) model->to(*dtype);
+    const auto file = io::SafetensorsFile::open(sd::diffusers_component_weights(path));
+    load_transformer(*model, *file, detect_transformer_layout(*file), dtype);
+    return model;
+  }
   const auto file = io::SafetensorsFile::open(path);
   const TransformerLayout layout = detect_transformer_layout(*file);
   WanTransformer3DModel model(detect_transformer_config(*file, layout));

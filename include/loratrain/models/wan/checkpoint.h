@@ -49,7 +49,8 @@ WanTransformerConfig detect_transformer_config(const io::SafetensorsFile& file, 
 // widened to `dtype` (nullopt: the model's dtype) as they are read.
 void load_transformer(WanTransformer3DModelImpl& model, const io::SafetensorsFile& file, const TransformerLayout& layout,
                       std::optional<at::ScalarType> dtype = std::nullopt);
-// A single transformer file: layout and config detected, model built and loaded.
+// A single transformer file (layout and config detected from the keys and shapes), or a diffusers
+// transformer/ folder (config.json + diffusion_pytorch_model.safetensors): model built and loaded.
 WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, std::optional<at::ScalarType> dtype = std::nullopt);
 
 // Native or diffusers VAE names, detected from the keys; throws lt::InputError for a non-Wan VAE file.
