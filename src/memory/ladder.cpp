@@ -271,8 +271,8 @@ Action exhausted(const FailureContext& ctx) {
                                  : std::string("encoding one caption");
     a.description = fmt::format(
         "give up: {} does not fit: every encoder lever is used ({}); the denoiser is not quantized for an "
-        "encoder's failure (it would cost training quality); {}: lower datasets.resolution or use a device with "
-        "more free memory",
+        "encoder's failure (it would cost training quality); {}: free device memory or use a larger device, lower "
+        "datasets.resolution, or set model.quantize: true yourself if its cost in quality is acceptable",
         what, summarize(ctx.settings), need);
     return a;
   }
