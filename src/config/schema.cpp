@@ -341,8 +341,8 @@ const Table<TrainConfig>& train_table() {
     t.push_back(field("unload_text_encoder", &S::unload_text_encoder,
                       "Encode the blank prompt, the trigger word and the sample prompts once, then move the text "
                       "encoders off the GPU. Every image then trains with the trigger word (the blank prompt "
-                      "without one), not its caption, unless text embeddings are cached. Cannot be combined "
-                      "with train_text_encoder.")
+                      "without one), not its caption, as in AI Toolkit, unless cache_text_embeddings is on and "
+                      "captions do not change from step to step. Cannot be combined with train_text_encoder.")
                     .lever());
     t.push_back(field("cache_text_embeddings", &S::cache_text_embeddings,
                       "Turn on cache_text_embeddings for every dataset.")

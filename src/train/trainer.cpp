@@ -184,6 +184,7 @@ class Trainer {
   Conditioning conditioning_for(const data::Batch& batch);
   TextEmbedding cached_text(const std::string& caption);
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
+  bool trains_on_trigger_only() const;
   PhaseContext step_context() const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
@@ -541,9 +542,13 @@ void Trainer::build_caches() {
         texts.push_back(prompt.negative);
       }
       text_cache_->build(texts, [this](const std::string& caption) { return cached_text(caption); });
-      if (!dataset_->fixed_captions()) {
-        spdlog::warn("train.unload_text_encoder: captions change from step to step (dropout, shuffling), so every image "
-                     "trains on the trigger word '{}' as AI Toolkit does", dataset_->options().trigger_word);
+      if (trains_on_trigger_only()) {
+        const bool cached = p_->train.cache_text_embeddings || p_->datasets[0].cache_text_embeddings;
+        spdlog::warn("train.unload_text_encoder: {}, so every image trains on the trigger word '{}' (the blank prompt "
+                     "without one), not its caption, as AI Toolkit does{}",
+                     cached ? "captions change from step to step (dropout, shuffling)" : "text embeddings are not cached",
+                     dataset_->options().trigger_word,
+                     cached ? "" : "; set datasets[].cache_text_embeddings: true to train on the captions");
       }
       model_->release(Encoder::text);
       spdlog::info("train.unload_text_encoder: {} texts encoded, text encoders unloaded", text_cache_->memory_entries());
@@ -694,6 +699,15 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
   return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
 }
 
+// AI Toolkit's unload_text_encoder: unless the captions' embeddings are cached (cache_text_embeddings,
+// and captions that do not change from step to step), every image trains on the trigger word (blank
+// without one), encoded once before the encoders left.
+bool Trainer::trains_on_trigger_only() const {
+  if (!p_->train.unload_text_encoder) return false;
+  const bool cached = p_->train.cache_text_embeddings || p_->datasets[0].cache_text_embeddings;
+  return !cached || !dataset_->fixed_captions();
+}
+
 // Captions -> embeddings [B, ...] on the device: from the text cache when there is one (a new
 // caption is encoded and kept), else encoded now (with gradients when the text encoder trains).
 TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) {
@@ -706,11 +720,7 @@ TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) 
 Conditioning Trainer::conditioning_for(const data::Batch& batch) {
   Conditioning c;
   std::vector<std::string> captions = batch.captions();
-  if (p_->train.unload_text_encoder && !dataset_->fixed_captions()) {
-    // AI Toolkit's unload_text_encoder: without cacheable captions every image trains on the
-    // trigger word (blank without one), encoded once before the encoders left.
-    captions.assign(captions.size(), dataset_->options().trigger_word);
-  }
+  if (trains_on_trigger_only()) captions.assign(captions.size(), dataset_->options().trigger_word);
   c.text = text_on_device(captions);
   c.guidance = p_->train.cfg_scale;
   for (const auto& item : batch.items) {
