@@ -18,6 +18,10 @@ struct Parameters {
   int64_t denoiser_linear = 0;  // in Linear weights: what model.quantize stores as int8
   int64_t text_encoders = 0;
   int64_t vae = 0;
+  // The largest tensor of each component: the loader copies one tensor at a time out of the file.
+  int64_t largest_denoiser_tensor = 0;
+  int64_t largest_text_tensor = 0;
+  int64_t largest_vae_tensor = 0;
   int64_t adapter = 0;          // LoRA down + up (+ alpha) over every targeted module
   int64_t adapter_modules = 0;
 };

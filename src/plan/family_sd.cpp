@@ -100,16 +100,18 @@ std::vector<BlockCost> SDArchitecture::transformer(int64_t b, size_t level, int6
   const int64_t rank_wide = b * hw * comp.adapter_rank;
 
   std::vector<BlockCost> out;
-  BlockCost proj;  // GroupNorm, proj_in, the token layout and back, proj_out, residual
-  proj.saved = 4 * n;
+  BlockCost proj;  // GroupNorm output, the token layout of proj_in's output and proj_out's input
+  proj.saved = 3 * n;
   proj.transient = 2 * n;
   proj.output = n;
   proj.fp32_copies = 2 * n;
   for (int64_t i = 0; i < depth; ++i) {
     BlockCost blk;
-    // LayerNorm outputs 3n, q/k/v and attention-output copies 4n + 2n, residual sums 3n,
-    // GEGLU projection 8n, its GELU and product 4n + 4n; probabilities unless chunked.
-    blk.saved = 29 * n + (chunked ? 0 : probs_self) + probs_cross + 2 * b * kContextTokens * c + 10 * rank_wide;
+    // LayerNorm outputs 3n; the batched products' copies of q, k, v (self) and q (cross) 4n; the
+    // head-merged attention outputs 2n; the two inner residual sums 2n; the GEGLU projection 8n
+    // (its gate half keeps all of it), its GELU and product 4n + 4n; the probabilities unless
+    // chunked (then q, k, v are what BlockedAttention keeps: the same 3n).
+    blk.saved = 27 * n + (chunked ? 0 : probs_self) + probs_cross + 2 * b * kContextTokens * c + 10 * rank_wide;
     const int64_t attention_work = chunked ? chunk_work : 2 * probs_self;
     blk.transient = training ? std::max<int64_t>(attention_work, 12 * n) : std::max<int64_t>(attention_work + 4 * n, 16 * n);
     blk.output = n;
@@ -347,13 +349,16 @@ void count_file(const io::SafetensorsFile& file, const models::Detection& d, Cou
     int64_t n = 1;
     for (int64_t v : t.shape) n *= v;
     if (component == "unet") {
+      out.params.largest_denoiser_tensor = std::max(out.params.largest_denoiser_tensor, n);
       out.params.denoiser += n;
       if (t.shape.size() == 2 && ends_with(t.name, ".weight")) out.params.denoiser_linear += n;
     } else if (starts_with(component, "text_encoder")) {
       out.params.text_encoders += n;
+      out.params.largest_text_tensor = std::max(out.params.largest_text_tensor, n);
       if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) out.text_widths.push_back(t.shape[1]);
     } else if (component == "vae") {
       out.params.vae += n;
+      out.params.largest_vae_tensor = std::max(out.params.largest_vae_tensor, n);
     }
   }
 }
@@ -390,6 +395,11 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     counted.params.text_encoders = xl ? 123060480 + 694659840 : sd2 ? 340387840 : 123060480;
     counted.params.vae = 83653863;
     counted.text_widths = xl ? std::vector<int64_t>{768, 1280} : sd2 ? std::vector<int64_t>{1024} : std::vector<int64_t>{768};
+    // The largest tensors: the up path's first convolutions (1280 x 2560 x 3 x 3), the last text
+    // encoder's token embedding (49408 tokens), the VAE decoder's 512 x 512 x 3 x 3 convolutions.
+    counted.params.largest_denoiser_tensor = 1280 * 2560 * 9;
+    counted.params.largest_text_tensor = 49408 * counted.text_widths.back();
+    counted.params.largest_vae_tensor = 512 * 512 * 9;
     if (sd2) {
       unet.attention_head_dim = {5, 10, 20, 20};
       unet.cross_attention_dim.assign(unet.num_blocks(), 1024);
@@ -400,10 +410,12 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     auto file = io::SafetensorsFile::open(*source.vae);
     vae = VAEConfig::detect_from_weights(*file, "");
     counted.params.vae = 0;
+    counted.params.largest_vae_tensor = 0;
     for (const auto& t : file->tensors()) {
       int64_t n = 1;
       for (int64_t v : t.shape) n *= v;
       counted.params.vae += n;
+      counted.params.largest_vae_tensor = std::max(counted.params.largest_vae_tensor, n);
     }
   }
   if (counted.params.denoiser_linear == 0) {

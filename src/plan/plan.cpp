@@ -245,11 +245,30 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   const bool vae_stays = !s.low_vram || !cache_latents_;
 
   Prediction out;
-  // load: the base as loaded, quantized only at the end of the phase.
+  // load: each component is built in fp32, filled one tensor at a time from the file, then
+  // converted to the compute dtype (the VAE stays fp32); the adapter comes last, and int8
+  // quantization only at the end of the phase. The peak is the worst of those moments.
   PhaseMemory& load = out.at(Phase::load);
-  load.weights = denoiser_full + (text_stays ? text_full : 0) + (s.low_vram ? 0 : vae);
-  load.adapter_optimizer = adapter;
-  const int64_t base_after_load = denoiser_resident + (text_stays ? text_resident : 0) + (s.low_vram ? 0 : vae);
+  const int64_t text_loaded = text_stays ? params.text_encoders : 0;
+  const int64_t vae_loaded = s.low_vram ? 0 : vae;
+  struct Moment {
+    int64_t weights, workspace, adapter;
+  };
+  const Moment moments[] = {
+      {params.denoiser * 4, params.largest_denoiser_tensor * 4, 0},
+      {denoiser_full + text_loaded * 4, text_loaded ? params.largest_text_tensor * 4 : 0, 0},
+      {denoiser_full + text_loaded * wb + vae_loaded, vae_loaded ? params.largest_vae_tensor * 4 : 0, 0},
+      {denoiser_full + text_loaded * wb + vae_loaded, 0, adapter},
+      // int8 quantization converts one weight at a time beside the full base
+      {denoiser_full + text_loaded * wb + vae_loaded, quantized ? params.largest_denoiser_tensor * 4 : 0, adapter},
+  };
+  for (const Moment& m : moments) {
+    if (m.weights + m.workspace + m.adapter > load.peak()) {
+      load.weights = m.weights;
+      load.workspace = m.workspace;
+      load.adapter_optimizer = m.adapter;
+    }
+  }
 
   // cache: latents (VAE encode of one image at the largest bucket) and caption embeddings.
   PhaseMemory& cache = out.at(Phase::cache);
@@ -284,7 +303,6 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   save.weights = resident_training;
   save.adapter_optimizer = adapter + optimizer;
   save.workspace = adapter + (on_cpu_ ? 0 : adapter + optimizer);
-  (void)base_after_load;
   return out;
 }
 
