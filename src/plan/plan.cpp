@@ -245,18 +245,20 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   const bool vae_stays = !s.low_vram || !cache_latents_;
 
   Prediction out;
-  // load: each component is built in fp32, filled one tensor at a time from the file, then
-  // converted to the compute dtype (the VAE stays fp32); the adapter comes last, and int8
-  // quantization only at the end of the phase. The peak is the worst of those moments.
+  // load: each component is built in fp32 on the host, filled one tensor at a time from the file,
+  // then converted to the compute dtype on the device (the VAE stays fp32); the adapter comes
+  // last, and int8 quantization only at the end of the phase. On the CPU the fp32 build is on the
+  // device too. The peak is the worst of those moments.
   PhaseMemory& load = out.at(Phase::load);
+  const int build = on_cpu_ ? 4 : wb;
   const int64_t text_loaded = text_stays ? params.text_encoders : 0;
   const int64_t vae_loaded = s.low_vram ? 0 : vae;
   struct Moment {
     int64_t weights, workspace, adapter;
   };
   const Moment moments[] = {
-      {params.denoiser * 4, params.largest_denoiser_tensor * 4, 0},
-      {denoiser_full + text_loaded * 4, text_loaded ? params.largest_text_tensor * 4 : 0, 0},
+      {params.denoiser * build, params.largest_denoiser_tensor * build, 0},
+      {denoiser_full + text_loaded * build, text_loaded ? params.largest_text_tensor * build : 0, 0},
       {denoiser_full + text_loaded * wb + vae_loaded, vae_loaded ? params.largest_vae_tensor * 4 : 0, 0},
       {denoiser_full + text_loaded * wb + vae_loaded, 0, adapter},
       // int8 quantization converts one weight at a time beside the full base

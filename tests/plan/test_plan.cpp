@@ -50,12 +50,15 @@ CATCH_TEST_CASE("AI Toolkit's SD 1.5 and SDXL jobs are planned per phase in well
   const auto sd15 = Planner::from_config(aitk("ui_sd15.yaml", {"datasets.0.resolution=[512]"}));
   const auto sdxl = Planner::from_config(aitk("ui_sdxl.yaml", {"datasets.0.resolution=[512]"}));
   const auto a = sd15->predict(sd15->configured()), b = sdxl->predict(sdxl->configured());
-  // bf16 UNet and text encoders, the VAE in fp32 (force_upcast): SD 1.5's 1.07 B parameters,
-  // SDXL's 3.47 B.
+  // On CUDA: the bf16 UNet and text encoders, the VAE in fp32 (force_upcast): SD 1.5's 1.07 B
+  // parameters, SDXL's 3.47 B.
   CATCH_CHECK(a.at(Phase::load).weights == 2 * (859'520'964LL + 123'060'480LL) + 4 * 83'653'863LL);
   CATCH_CHECK(b.at(Phase::load).weights == 2 * (2'567'463'684LL + 123'060'480LL + 694'659'840LL) + 4 * 83'653'863LL);
   CATCH_CHECK(peak(b, Phase::train_step) > peak(a, Phase::train_step));
   CATCH_CHECK(a.at(Phase::load).dominant() == lt::plan::Part::weights);
+  // On the CPU each component is built in fp32 before it is converted: SD 1.5's UNet alone.
+  const auto cpu = Planner::from_config(aitk("ui_sd15.yaml", {"device=cpu"}));
+  CATCH_CHECK(cpu->predict(cpu->configured()).at(Phase::load).weights == 4 * 859'520'964LL);
 }
 
 CATCH_TEST_CASE("each memory lever lowers the phase it acts on", "[plan]") {
@@ -81,7 +84,7 @@ CATCH_TEST_CASE("each memory lever lowers the phase it acts on", "[plan]") {
   auto tiled = cached->configured();
   tiled.vae_tiling = true;
   CATCH_CHECK(peak(cached->predict(tiled), Phase::cache) < peak(cached->predict(cached->configured()), Phase::cache));
-  CATCH_CHECK(cached->predict(cached->configured()).at(Phase::cache).dominant() == lt::plan::Part::activations);
+  CATCH_CHECK(cached->predict(cached->configured()).at(Phase::cache).activations > (int64_t(1) << 30));
   // The optimizer's state: adamw 8 bytes per adapter parameter, adamw8bit about 2.
   const auto adamw = Planner::from_config(aitk("ui_sd15.yaml", {"train.optimizer=adamw"}));
   const auto adamw8 = Planner::from_config(aitk("ui_sd15.yaml", {"train.optimizer=adamw8bit"}));

@@ -87,12 +87,13 @@ struct Smoke {
 
 Smoke smoke(const fs::path& root, const std::string& name, const std::string& memory, std::vector<std::string> extra = {}) {
   const fs::path config =
-      lt::test::write_tiny_config(root / name, name, 100, "        disable_sampling: false\n", memory, kPreviews);
+      lt::test::write_tiny_config(root / name, name, 100, "", memory, kPreviews);
   ::setenv("TMPDIR", (root / name / "tmp").c_str(), 1);
   fs::create_directories(root / name / "tmp");
   Smoke s;
   s.junit = root / name / "junit.xml";
-  std::vector<std::string> args = {"run", config.string(), "--smoke", "3", "--junit", s.junit.string()};
+  std::vector<std::string> args = {"run", config.string(), "--set", "train.disable_sampling=false", "--smoke", "3",
+                                   "--junit", s.junit.string()};
   for (auto& e : extra) args.push_back(e);
   const fs::path log = root / name / "log.txt";
   s.exit = lt::test::wait_child(lt::test::start_lora_train(args, log));
@@ -157,6 +158,20 @@ CATCH_TEST_CASE("--smoke: exit 0 when the config fits as written, 3 when only th
   CATCH_CHECK(xpath(changed.junit, "//testcase[@name='fits_unchanged']/failure").size() == 1);
   CATCH_CHECK(xpath(changed.junit, "/testsuites/@failures") == std::vector<std::string>{"1"});
   CATCH_CHECK(changed.log.find("smoke: change:") != std::string::npos);
+}
+
+CATCH_TEST_CASE("the JUnit schema rejects what CI systems would not read", "[plan][smoke]") {
+  const fs::path root = lt::test::scratch_dir("smoke_schema");
+  std::ofstream(root / "no_counts.xml") << "<testsuites><testsuite name=\"x\"><testcase name=\"a\" classname=\"b\" "
+                                           "time=\"0\"/></testsuite></testsuites>";
+  std::ofstream(root / "two_verdicts.xml")
+      << "<testsuites tests=\"1\" failures=\"1\" errors=\"1\"><testsuite name=\"x\" tests=\"1\" failures=\"1\" "
+         "errors=\"1\" time=\"0\"><testcase name=\"a\" classname=\"b\" time=\"0\"><failure/><error/></testcase>"
+         "</testsuite></testsuites>";
+  std::ofstream(root / "not_xml.xml") << "<testsuites tests=\"1\"";
+  CATCH_CHECK_FALSE(schema_errors(root / "no_counts.xml").empty());
+  CATCH_CHECK_FALSE(schema_errors(root / "two_verdicts.xml").empty());
+  CATCH_CHECK_FALSE(schema_errors(root / "not_xml.xml").empty());
 }
 
 CATCH_TEST_CASE("--smoke with a bad step count is a usage error", "[plan][smoke]") {
