@@ -471,7 +471,8 @@ void Trainer::plan_memory() {
     }
     guard_->adopt_planned(fitted.settings, std::move(records));
     settings_ = fitted.settings;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
+    // A prediction is advice: a config the planner cannot read still runs under the guard.
     spdlog::warn("plan: no prediction ({}); starting as configured", e.what());
   }
 }

@@ -158,6 +158,13 @@ CATCH_TEST_CASE("--smoke: exit 0 when the config fits as written, 3 when only th
   CATCH_CHECK(xpath(changed.junit, "//testcase[@name='fits_unchanged']/failure").size() == 1);
   CATCH_CHECK(xpath(changed.junit, "/testsuites/@failures") == std::vector<std::string>{"1"});
   CATCH_CHECK(changed.log.find("smoke: change:") != std::string::npos);
+  // The planner saw it coming: the run started from the first fitting rung, logged as planned
+  // changes (no OOM happened), and they are in report.json apart from the guard's attempts.
+  CATCH_CHECK(changed.log.find("plan: planned change") != std::string::npos);
+  CATCH_CHECK_FALSE(changed.report["planned_changes"].empty());
+  CATCH_CHECK(changed.report["attempts"].empty());
+  CATCH_CHECK(changed.report["final_settings"]["gradient_checkpointing"] == true);
+  CATCH_CHECK(changed.report["peaks"]["train_step"]["peak_allocated"].get<int64_t>() <= budget);
 }
 
 CATCH_TEST_CASE("the JUnit schema rejects what CI systems would not read", "[plan][smoke]") {
