@@ -296,6 +296,10 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   step.adapter_optimizer = adapter + grads + optimizer;
   step.activations = arch_->training_activations(step_shape, c);
   if (!cache_latents_) step.activations = std::max(step.activations, arch_->vae_encode(step_shape, c));
+  // The optimizer's all-or-nothing update computes new parameters and new state for every adapter
+  // tensor before committing them; backward has freed the activations by then, so only the
+  // excess over them raises the step's peak.
+  step.workspace = std::max<int64_t>(0, adapter + optimizer - step.activations);
 
   sampling(out.at(Phase::sample), true);
   out.at(Phase::sample).runs = out.at(Phase::sample).runs && s.sample_every > 0;
