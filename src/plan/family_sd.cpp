@@ -8,8 +8,8 @@
 // the LayerNorm outputs, q/k/v copies, the softmax probabilities (unless attention is chunked:
 // BlockedAttention keeps q, k, v only), the GEGLU projection and the residual sums. Gradient
 // checkpointing (resnets and transformer blocks) keeps each block's output and recomputes one
-// block at a time in backward. The per-kind factors below are element counts of those tensors;
-// the overall scale factors were fitted to measured peaks (tests/plan, docs/benchmarks.md).
+// block at a time in backward. The factors below are element counts of those tensors, checked
+// against measured peaks (tests/plan/test_plan_accuracy.cpp, docs/benchmarks.md); none is fitted.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -166,10 +166,9 @@ Tally SDArchitecture::walk_unet(const Shape& s, const Compute& comp, bool traini
   for (size_t j = 0; j < levels; ++j) {
     const size_t level = levels - 1 - j;
     for (int64_t r = 0; r <= unet_.layers_per_block.at(level); ++r) {
-      const auto [skip_c, skip_hw] = skips.back();
+      const int64_t skip_channels = skips.back().first;
       skips.pop_back();
-      (void)skip_hw;
-      t.blocks.push_back(resnet(b, prev + skip_c, ch[level], h * w, true));
+      t.blocks.push_back(resnet(b, prev + skip_channels, ch[level], h * w, true));
       prev = ch[level];
       if (unet_.up_has_attention(j)) {
         for (const auto& blk : transformer(b, level, ch[level], h * w, comp, training)) t.blocks.push_back(blk);

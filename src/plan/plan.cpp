@@ -223,7 +223,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
 
   const bool quantized = s.quantize != Quantize::none;
   const int64_t denoiser_full = params.denoiser * wb;
-  // int8 Linear weights with one fp32 scale per output row (rows: about weights / 1000).
+  // int8 Linear weights with one fp32 scale per output row (4 bytes per ~1000 weights).
   const int64_t denoiser_resident =
       quantized ? (params.denoiser - params.denoiser_linear) * wb + params.denoiser_linear + params.denoiser_linear / 250
                 : denoiser_full;
@@ -304,11 +304,12 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   sampling(out.at(Phase::sample), true);
   out.at(Phase::sample).runs = out.at(Phase::sample).runs && s.sample_every > 0;
 
-  // save: the adapter in the save dtype and the training state's copies of adapter and optimizer.
+  // save: the adapter converted for the file beside the live one (the training state's copies go
+  // to host memory, which on the CPU is the live tensors themselves).
   PhaseMemory& save = out.at(Phase::save);
   save.weights = resident_training;
   save.adapter_optimizer = adapter + optimizer;
-  save.workspace = adapter + (on_cpu_ ? 0 : adapter + optimizer);
+  save.workspace = adapter;
   return out;
 }
 
