@@ -180,7 +180,8 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
       buckets.resolutions = d.resolution;
       buckets.divisibility = arch_->bucket_divisibility();
       buckets.enabled = d.buckets;
-      for (const auto& bucket : dataset.make_plan(buckets).buckets()) {
+      const data::BucketPlan plan = dataset.make_plan(buckets);
+      for (const auto& bucket : plan.buckets()) {
         data::Size& best = largest_bucket_[bucket.resolution];
         if (int64_t(bucket.size.width) * bucket.size.height > int64_t(best.width) * best.height) best = bucket.size;
       }
