@@ -686,6 +686,11 @@ const Table<OomGuardConfig>& oom_guard_table() {
                       "After a stable stretch, add back one heavier setting at a time (playbook section 5).")
                     .ours());
     t.push_back(field("scale_up_after", &S::scale_up_after, "Stable steps before each scale-up.").min(1).ours());
+    t.push_back(field("plan", &S::plan,
+                      "Before loading, predict peak memory per phase (lora-train plan); when a VRAM budget is known "
+                      "(simulate_vram, vram_limit or CUDA's free memory) and the config is predicted not to fit, "
+                      "start from the ladder's first rung that fits (planned changes, listed in report.json).")
+                    .ours());
     return t;
   }();
   return t;

@@ -29,6 +29,7 @@
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
+#include "loratrain/plan/plan.h"
 #include "loratrain/playbook/settings.h"
 #include "loratrain/report/run_report.h"
 #include "loratrain/sample/noise.h"
@@ -159,6 +160,7 @@ class Trainer {
   // setup
   void open_run_folder();
   void open_device_memory();
+  void plan_memory();
   void load_model();
   void prepare_data();
   void build_caches();
@@ -243,6 +245,7 @@ RunResult Trainer::run() {
   StopSignals stop_signals;
   open_run_folder();
   open_device_memory();
+  plan_memory();
   // One seed for everything random in the run (adapter init, noise, data order): runs repeat
   // exactly, and a resumed run restores every generator's state on top.
   torch::manual_seed(seed());
@@ -333,7 +336,7 @@ RunResult Trainer::run() {
     result_.exit_code = give_up(g);
     return result_;
   }
-  if (!guard_->attempts().empty()) {
+  if (!guard_->attempts().empty() || !guard_->planned_changes().empty()) {
     config::write_effective_yaml(playbook::config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
     spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
   }
@@ -448,6 +451,33 @@ void Trainer::open_device_memory() {
   guard_->check_start();
 }
 
+// With a known budget (simulated VRAM, memory.vram_limit, CUDA's free memory), a config the
+// planner predicts not to fit starts from the guard's first rung that does: planned changes, not OOMs.
+void Trainer::plan_memory() {
+  if (memory_->is_host() || !p_->memory.oom_guard.enabled || !p_->memory.oom_guard.plan) return;
+  const int64_t budget = memory_->free_and_total().free;
+  try {
+    const auto planner = plan::Planner::from_config(job_, static_cast<int>(c10::elementSize(dtype_)));
+    const plan::FitResult fitted = plan::fit(*planner, settings_, budget);
+    spdlog::info("plan: predicted peak {} of {} available", format_bytes(fitted.prediction.peak()), format_bytes(budget));
+    if (fitted.changes.empty() || !fitted.fits) {
+      if (!fitted.fits) spdlog::warn("plan: predicted not to fit even with every lever; starting as configured");
+      return;
+    }
+    std::vector<memory::PlannedChangeRecord> records;
+    for (const auto& c : fitted.changes) {
+      spdlog::info("plan: planned change ({} predicted {} -> {}): {}", playbook::to_string(c.phase),
+                   format_bytes(c.peak_before), format_bytes(c.peak_after), c.description);
+      records.push_back({c.kind, c.description, c.phase, c.peak_before, c.peak_after});
+    }
+    guard_->adopt_planned(fitted.settings, std::move(records));
+    settings_ = fitted.settings;
+  } catch (const std::exception& e) {
+    // A prediction is advice: a config the planner cannot read still runs under the guard.
+    spdlog::warn("plan: no prediction ({}); starting as configured", e.what());
+  }
+}
+
 void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
@@ -508,6 +538,7 @@ void Trainer::prepare_data() {
   batch_options_.batch_size = settings_.batch_size;
   batch_options_.seed = seed();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
+  for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();  // planned before the start
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
   noise_rng_ = sample::make_generator(batch_options_.seed);
 }

@@ -18,6 +18,9 @@
 
 namespace {
 
+// These tests watch the guard react to real OOMs: the planner's start from a fitting rung is off.
+const std::string kReactive = "        oom_guard:\n          plan: false\n";
+
 nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
@@ -67,7 +70,7 @@ CATCH_TEST_CASE("early-step OOM: checkpointing, then batch 1 with accumulation, 
 
   lt::train::RunRequest request;
   request.config_path = lt::test::write_tiny_config(root, "early", 4, "",
-                                                    "        simulate_vram: " + std::to_string(budget) + "\n");
+                                                    kReactive + "        simulate_vram: " + std::to_string(budget) + "\n");
   request.overrides = heavy;
   auto result = lt::train::run_training(request);
   CATCH_REQUIRE(result.exit_code == 0);
@@ -124,7 +127,7 @@ CATCH_TEST_CASE("guard recovery, then an interruption: the resumed run keeps the
                                         << ", batch 1 " << phase_peak(light, "train_step") << "; floor " << floor_peak);
   CATCH_REQUIRE(mid_peak > floor_peak * 21 / 20);
   // Checkpointing alone does not fit; batch 1 x accumulation 4 does.
-  const std::string budget = "        simulate_vram: " + std::to_string(floor_peak + (mid_peak - floor_peak) / 2) + "\n";
+  const std::string budget = kReactive + "        simulate_vram: " + std::to_string(floor_peak + (mid_peak - floor_peak) / 2) + "\n";
 
   lt::train::RunRequest straight;
   straight.config_path = lt::test::write_tiny_config(root / "a", "recover", 6, "", budget);
@@ -163,12 +166,12 @@ CATCH_TEST_CASE("guard recovery, then an interruption: the resumed run keeps the
 CATCH_TEST_CASE("injected allocation failures lose nothing: the LoRA is bit-identical", "[guard][e2e]") {
   auto root = lt::test::scratch_dir("guard_faults");
   lt::train::RunRequest clean;
-  clean.config_path = lt::test::write_tiny_config(root / "clean", "faults", 20, "", "        simulate_vram: 2GiB\n");
+  clean.config_path = lt::test::write_tiny_config(root / "clean", "faults", 20, "", kReactive + "        simulate_vram: 2GiB\n");
   auto a = lt::train::run_training(clean);
   CATCH_REQUIRE(a.exit_code == 0);
 
   lt::train::RunRequest faulty;
-  faulty.config_path = lt::test::write_tiny_config(root / "faulty", "faults", 20, "", "        simulate_vram: 2GiB\n");
+  faulty.config_path = lt::test::write_tiny_config(root / "faulty", "faults", 20, "", kReactive + "        simulate_vram: 2GiB\n");
   int injected = 0;
   lt::memory::CpuMemory* cpu = nullptr;
   faulty.on_training_start = [&](lt::memory::DeviceMemory& memory) {
@@ -194,7 +197,7 @@ CATCH_TEST_CASE("injected allocation failures lose nothing: the LoRA is bit-iden
 CATCH_TEST_CASE("memory held by something else: warned, classified environment, exit 4 fast", "[guard][e2e]") {
   auto root = lt::test::scratch_dir("guard_environment");
   lt::train::RunRequest request;
-  request.config_path = lt::test::write_tiny_config(root, "env", 4, "", "        simulate_vram: 256MiB\n");
+  request.config_path = lt::test::write_tiny_config(root, "env", 4, "", kReactive + "        simulate_vram: 256MiB\n");
   request.overrides = {"train.batch_size=1", "train.gradient_checkpointing=true"};
   request.on_memory_ready = [](lt::memory::DeviceMemory& memory) {
     if (auto* cpu = dynamic_cast<lt::memory::CpuMemory*>(&memory)) cpu->allocator().occupy(250ll * 1024 * 1024);
@@ -213,7 +216,7 @@ CATCH_TEST_CASE("memory held by something else: warned, classified environment, 
 CATCH_TEST_CASE("a base larger than the budget: ladder exhausted, exit 3, fixed.yaml accepted by run", "[guard][e2e]") {
   auto root = lt::test::scratch_dir("guard_exhausted");
   lt::train::RunRequest request;
-  request.config_path = lt::test::write_tiny_config(root, "tight", 4, "", "        simulate_vram: 4MiB\n");
+  request.config_path = lt::test::write_tiny_config(root, "tight", 4, "", kReactive + "        simulate_vram: 4MiB\n");
   auto result = lt::train::run_training(request);
   CATCH_CHECK(result.exit_code == 3);
   auto report = read_json(root / "tight" / "report.json");
@@ -256,7 +259,7 @@ CATCH_TEST_CASE("OOM only while sampling: tiled decode, previews at their config
 
   lt::train::RunRequest request;
   request.config_path = lt::test::write_tiny_config(root / "run", "sampling", 6, "",
-                                                    "        simulate_vram: " + std::to_string(budget) + "\n", previews);
+                                                    kReactive + "        simulate_vram: " + std::to_string(budget) + "\n", previews);
   request.overrides = with_sampling;
   auto result = lt::train::run_training(request);
   CATCH_REQUIRE(result.exit_code == 0);
@@ -318,7 +321,7 @@ CATCH_TEST_CASE("OOM while caching latents: the VAE alone on the device, the UNe
   CATCH_REQUIRE(cache_peak > floor_peak);
   const int64_t budget = floor_peak + (cache_peak - floor_peak) / 2;
 
-  auto guarded = run("guarded", "        simulate_vram: " + std::to_string(budget) + "\n");
+  auto guarded = run("guarded", kReactive + "        simulate_vram: " + std::to_string(budget) + "\n");
   CATCH_REQUIRE(guarded.exit_code == 0);
   const auto report = read_json(root / "guarded" / "cache" / "report.json");
   CATCH_INFO(report.at("attempts").dump(1));
@@ -350,7 +353,7 @@ CATCH_TEST_CASE("OOM at load: the low-VRAM path; caching then gets the VAE's lev
       "        sampler: ddim\n        prompts: [\"a red circle\"]\n";
   lt::train::RunRequest request;
   // 20 MiB: the tiny base (UNet + VAE + text encoder, about 21 MiB in fp32) does not load whole.
-  request.config_path = lt::test::write_tiny_config(root, "load", 3, "", "        simulate_vram: 20MiB\n", previews);
+  request.config_path = lt::test::write_tiny_config(root, "load", 3, "", kReactive + "        simulate_vram: 20MiB\n", previews);
   request.overrides = {"train.disable_sampling=false", "train.gradient_checkpointing=true", "train.batch_size=1"};
   auto result = lt::train::run_training(request);
   auto report = read_json(root / "load" / "report.json");
