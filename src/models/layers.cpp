@@ -67,10 +67,12 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
     const torch::Tensor input = x.to(bias.defined() ? bias.scalar_type() : weight.scalar_type());
     torch::Tensor y = Int8LinearFunction::apply(input, weight_int8, weight_scale);
     if (bias.defined()) y = y + bias.to(y.scalar_type());
+    if (base_adapter) y = y + base_adapter->delta(x).to(y.scalar_type());
     if (adapter) y = y + adapter->delta(x).to(y.scalar_type());
     return y;
   }
   torch::Tensor y = torch::nn::functional::linear(x.to(weight.scalar_type()), weight, bias);
+  if (base_adapter) y = y + base_adapter->delta(x).to(y.scalar_type());
   if (adapter) y = y + adapter->delta(x).to(y.scalar_type());
   return y;
 }

@@ -63,6 +63,7 @@ class SDModel final : public DiffusionModel {
 };
 
 SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) : options_(std::move(options)) {
+  if (options_.assistant_lora) throw InputError("model.assistant_lora_path: assistant adapters are for Flux models only");
   const fs::path& path = options_.name_or_path;
   single_file_ = !fs::is_directory(path);
   if (single_file_) {

@@ -69,6 +69,7 @@ SDXLModel::SDXLModel(ModelLoadOptions options)
       checkpoint_(models::sd::SDXLCheckpoint::open(options_.name_or_path, options_.vae_path.has_value())),
       tokenizer_(checkpoint_.load_tokenizer(options_.tokenizer_path)),
       tokenizer_2_(checkpoint_.load_tokenizer_2(options_.tokenizer_path)) {
+  if (options_.assistant_lora) throw InputError("model.assistant_lora_path: assistant adapters are for Flux models only");
   traits_.family = ModelFamily::kSDXL;
   traits_.prediction = options_.v_prediction ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
   traits_.scheduler_config = options_.v_prediction ? "sd2_v" : "sdxl";

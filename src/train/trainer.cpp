@@ -392,6 +392,10 @@ void Trainer::open_run_folder() {
   model_options_.v_prediction = p_->model.is_v_pred;
   model_options_.device = device_;
   model_options_.train_text_encoder = p_->train.train_text_encoder;
+  model_options_.bypass_guidance_embedding = p_->train.bypass_guidance_embedding;
+  if (p_->model.assistant_lora_path) {
+    model_options_.assistant_lora = config::resolve_adapter_file(*p_->model.assistant_lora_path, "model.assistant_lora_path").path;
+  }
   if (model_options_.expected == ModelFamily::kUnknown) {
     throw config::error_at(job_, "model.arch", "model.arch " + config::effective_arch(p_->model) +
                                                    " is not supported yet by lora-train");

@@ -40,6 +40,9 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor weight_int8;   // [out, in] int8 when quantized (a buffer, not a checkpoint key)
   torch::Tensor weight_scale;  // [out, 1] fp32 when quantized
   std::shared_ptr<Adapter> adapter;
+  // A frozen adapter that belongs to the base while training (AI Toolkit's assistant LoRA, e.g.
+  // FLUX.1-schnell's training adapter): added like `adapter`, never trained or saved.
+  std::shared_ptr<Adapter> base_adapter;
 };
 TORCH_MODULE(Linear);
 

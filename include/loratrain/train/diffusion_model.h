@@ -110,6 +110,12 @@ struct ModelLoadOptions {
   // The low-VRAM path: load only the denoiser now; the VAE and text encoders when first used.
   bool defer_encoders = false;
   bool train_text_encoder = false;                      // text encoders get adapters
+  // train.bypass_guidance_embedding: a guidance-distilled denoiser trains without its guidance
+  // embedding (previews keep it).
+  bool bypass_guidance_embedding = false;
+  // model.assistant_lora_path (resolved): a LoRA applied to the frozen denoiser while training and
+  // switched off in previews (AI Toolkit's assistant adapter); only families that take one accept it.
+  std::optional<std::filesystem::path> assistant_lora;
   ComputeMode compute;
 };
 
