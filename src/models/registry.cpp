@@ -312,15 +312,16 @@ Detection detect_diffusers_folder(const std::filesystem::path& folder) {
     }
   }
   d.evidence = "diffusers folder" + (pipeline.empty() ? std::string() : " (" + pipeline + ")") +
-               (unet_evidence.empty() ? std::string() : ", unet: " + unet_evidence);
+               (unet_evidence.empty() ? std::string()
+                                      : (fs::is_directory(folder / "transformer") ? ", transformer: " : ", unet: ") + unet_evidence);
   std::vector<std::string> expected;
   if (d.family == ModelFamily::kSD1 || d.family == ModelFamily::kSD2) {
     expected = {"unet", "vae", "text_encoder", "tokenizer"};
   } else if (d.family == ModelFamily::kSDXL) {
     expected = {"unet", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"};
+    if (fs::is_directory(folder / "text_encoder_2")) d.evidence += ", text_encoder_2/";
   } else if (d.family == ModelFamily::kFlux) {
     expected = {"transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"};
-    if (fs::is_directory(folder / "text_encoder_2")) d.evidence += ", text_encoder_2/";
   }
   for (const auto& component : expected) {
     if (!fs::is_directory(folder / component)) d.missing[component] = component + "/";

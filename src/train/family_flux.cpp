@@ -5,6 +5,7 @@
 // dev trains with train.cfg_scale as its guidance (AI Toolkit's default 1.0) unless
 // train.bypass_guidance_embedding leaves the guidance embedder out. Previews: flow-match Euler,
 // shifted by the image's token count for dev, unshifted for schnell.
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "families.h"
@@ -173,6 +174,8 @@ void FluxModel::load_assistant(const fs::path& path) {
       linear->adapter = nullptr;
     }
   }
+  spdlog::info("assistant adapter: {} modules from {} (on while training, off in previews, not saved)",
+               assistant_->modules().size(), path.string());
 }
 
 void FluxModel::set_training(bool training) {

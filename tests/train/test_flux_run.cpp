@@ -53,6 +53,17 @@ lt::train::RunRequest flux_run(const fs::path& root, const std::string& name, in
   return request;
 }
 
+// The tensors of `source` renamed by `rename` (empty: left out), into `target`.
+void rewrite(const fs::path& source, const fs::path& target, const std::function<std::string(const std::string&)>& rename) {
+  auto file = lt::io::SafetensorsFile::open(source);
+  std::vector<std::pair<std::string, at::Tensor>> kept;
+  for (const auto& t : file->tensors()) {
+    const std::string name = rename(t.name);
+    if (!name.empty()) kept.emplace_back(name, file->load(t.name));
+  }
+  lt::io::save_safetensors(target, kept, {});
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("Flux dev: the single file and the diffusers folder train the same LoRA, with previews and kohya names",
@@ -65,6 +76,24 @@ CATCH_TEST_CASE("Flux dev: the single file and the diffusers folder train the sa
   // The same weights in two layouts (fused BFL qkv, swapped adaLN halves vs diffusers shards).
   CATCH_CHECK(single.losses == folder.losses);
   for (double loss : single.losses) CATCH_CHECK(std::isfinite(loss));
+
+  // BFL's own layout: the bare transformer (flux1-dev.safetensors) with ComfyUI's text encoder and
+  // VAE files beside it, as users keep them.
+  const auto bfl = root / "bfl";
+  fs::create_directories(bfl);
+  const auto all_in_one = tiny_flux() / "dev" / "model.safetensors";
+  auto part = [](const std::string& prefix) {
+    return [prefix](const std::string& n) { return n.rfind(prefix, 0) == 0 ? n.substr(prefix.size()) : std::string(); };
+  };
+  rewrite(all_in_one, bfl / "flux1-dev.safetensors", part("model.diffusion_model."));
+  rewrite(all_in_one, bfl / "clip_l.safetensors", part("text_encoders.clip_l.transformer."));
+  rewrite(all_in_one, bfl / "t5xxl_fp16.safetensors", part("text_encoders.t5xxl.transformer."));
+  rewrite(all_in_one, bfl / "ae.safetensors", part("vae."));
+  fs::copy(tiny_flux() / "dev" / "tokenizer", bfl / "tokenizer", fs::copy_options::recursive);
+  fs::copy(tiny_flux() / "dev" / "tokenizer_2", bfl / "tokenizer_2", fs::copy_options::recursive);
+  auto bare = lt::train::run_training(flux_run(root / "bare", "fx", 4, bfl / "flux1-dev.safetensors"));
+  CATCH_REQUIRE(bare.exit_code == 0);
+  CATCH_CHECK(bare.losses == single.losses);
   const auto run = root / "single" / "fx";
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000002.png"));
@@ -88,7 +117,7 @@ CATCH_TEST_CASE("Flux dev: the single file and the diffusers folder train the sa
   for (const auto& n : names) CATCH_CHECK(n.find("x_embedder") == std::string::npos);
 }
 
-CATCH_TEST_CASE("Flux: save_format diffusers writes PEFT names; schnell trains without guidance",
+CATCH_TEST_CASE("Flux: save_format diffusers writes PEFT names; dev embeds train.cfg_scale (or bypasses it), schnell has no guidance",
                 "[train][e2e][flux]") {
   auto root = lt::test::scratch_dir("flux_peft");
   auto peft = lt::train::run_training(
@@ -103,6 +132,28 @@ CATCH_TEST_CASE("Flux: save_format diffusers writes PEFT names; schnell trains w
   CATCH_REQUIRE(schnell.exit_code == 0);
   auto file = lt::io::SafetensorsFile::open(root / "schnell" / "fs" / "fs.safetensors");
   CATCH_CHECK(file->metadata().at("modelspec.architecture") == "flux-1-schnell/lora");
+
+  // Dev embeds train.cfg_scale (same seed, same noise: only the guidance differs) unless
+  // bypass_guidance_embedding leaves the embedder out; schnell has no embedder to give it to.
+  const auto dev = tiny_flux() / "dev" / "model.safetensors";
+  auto first_loss = [&root](const std::string& name, const fs::path& model, std::vector<std::string> extra) {
+    auto r = lt::train::run_training(flux_run(root / name, name, 1, model, std::move(extra)));
+    CATCH_REQUIRE(r.exit_code == 0);
+    return r.losses.at(0);
+  };
+  const double plain = first_loss("g1", dev, {});
+  const double guided = first_loss("g35", dev, {"train.cfg_scale=3.5"});
+  const double bypassed = first_loss("gbypass", dev, {"train.bypass_guidance_embedding=true"});
+  CATCH_CHECK(plain != guided);
+  CATCH_CHECK(plain != bypassed);
+  CATCH_CHECK(guided != bypassed);
+  const auto schnell_model = tiny_flux() / "schnell" / "model.safetensors";
+  const double schnell_plain = first_loss("s1", schnell_model, {});
+  CATCH_CHECK(schnell_plain == first_loss("s35", schnell_model, {"train.cfg_scale=3.5"}));
+  // An assistant adapter (here the schnell LoRA trained above) changes what the base computes
+  // while training.
+  const fs::path assistant = root / "schnell" / "fs" / "fs.safetensors";
+  CATCH_CHECK(schnell_plain != first_loss("sassist", schnell_model, {"model.assistant_lora_path=" + assistant.string()}));
 }
 
 CATCH_TEST_CASE("Flux: an interrupted run resumes bit-identically", "[train][e2e][flux][resume]") {
@@ -140,17 +191,6 @@ void check_rejected(const fs::path& root, const std::string& name, const fs::pat
   }
   CATCH_CHECK_FALSE(fs::exists(root / name / (name + ".safetensors")));
   CATCH_CHECK_FALSE(fs::exists(root / name / "state"));
-}
-
-// The tensors of `source` whose names start with `prefix`, renamed by `rename`, into `target`.
-void rewrite(const fs::path& source, const fs::path& target, const std::function<std::string(const std::string&)>& rename) {
-  auto file = lt::io::SafetensorsFile::open(source);
-  std::vector<std::pair<std::string, at::Tensor>> kept;
-  for (const auto& t : file->tensors()) {
-    const std::string name = rename(t.name);
-    if (!name.empty()) kept.emplace_back(name, file->load(t.name));
-  }
-  lt::io::save_safetensors(target, kept, {});
 }
 
 }  // namespace
