@@ -390,36 +390,43 @@ void write_flux_single_file(const fs::path& out_dir, FluxDemoModels& m, bool dev
   spdlog::info("demo base: {} tensors in {}", tensors.size(), (out_dir / "model.safetensors").string());
 }
 
-void write_flux_diffusers_folder(const fs::path& out_dir, FluxDemoModels& m, bool dev, const DemoBaseOptions& o) {
-  const auto dtype = o.dtype;
-  // transformer/: two shards and their index, as the FLUX.1 repositories ship it (there in three).
-  const fs::path transformer = out_dir / "transformer";
-  fs::create_directories(transformer);
-  write_json(transformer / "config.json", diffusers_config(m.transformer->config.to_json()));
-  const auto params = m.transformer->named_parameters(true);
+// `module` as `stem`-0000N-of-00002.safetensors (the parameters in order, halved) and
+// `stem`.safetensors.index.json, with its config.json.
+void write_sharded(const fs::path& dir, const nlohmann::json& config, torch::nn::Module& module, const std::string& stem,
+                   at::ScalarType dtype) {
+  fs::create_directories(dir);
+  write_json(dir / "config.json", config);
+  const auto params = module.named_parameters(true);
   const size_t half = params.size() / 2;
   nlohmann::json weight_map = nlohmann::json::object();
   Tensors shards[2];
+  int64_t bytes = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const size_t shard = i < half ? 0 : 1;
     shards[shard].emplace_back(params[i].key(), stored(params[i].value(), dtype));
-    weight_map[params[i].key()] = "diffusion_pytorch_model-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
+    bytes += params[i].value().numel() * static_cast<int64_t>(c10::elementSize(dtype));
+    weight_map[params[i].key()] = stem + "-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
   }
-  int64_t bytes = 0;
-  for (int s = 0; s < 2; ++s) {
-    for (const auto& [k, t] : shards[s]) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-    io::save_safetensors(transformer / ("diffusion_pytorch_model-0000" + std::to_string(s + 1) + "-of-00002.safetensors"),
-                         shards[s], {{"format", "pt"}});
+  for (size_t k = 0; k < 2; ++k) {
+    io::save_safetensors(dir / (stem + "-0000" + std::to_string(k + 1) + "-of-00002.safetensors"), shards[k],
+                         {{"format", "pt"}});
   }
-  write_json(transformer / "diffusion_pytorch_model.safetensors.index.json",
-             {{"metadata", {{"total_size", bytes}}}, {"weight_map", weight_map}});
+  write_json(dir / (stem + ".safetensors.index.json"), {{"metadata", {{"total_size", bytes}}}, {"weight_map", weight_map}});
+}
+
+void write_flux_diffusers_folder(const fs::path& out_dir, FluxDemoModels& m, bool dev, const DemoBaseOptions& o) {
+  const auto dtype = o.dtype;
+  // transformer/ and text_encoder_2/ in two shards with their index, as the FLUX.1 repositories
+  // ship them (there in three and two).
+  write_sharded(out_dir / "transformer", diffusers_config(m.transformer->config.to_json()), *m.transformer,
+                "diffusion_pytorch_model", dtype);
   write_component(out_dir / "vae", diffusers_config(m.vae->config.to_json()), *m.vae, "diffusion_pytorch_model.safetensors",
                   dtype);
   write_component(out_dir / "text_encoder", transformers_config(m.text_encoder->config.to_json(), "CLIPTextModel", dtype),
                   *m.text_encoder, "model.safetensors", dtype);
   nlohmann::json t5 = m.text_encoder_2->config.to_json();
   t5["architectures"] = {"T5EncoderModel"};
-  write_component(out_dir / "text_encoder_2", t5, *m.text_encoder_2, "model.safetensors", dtype);
+  write_sharded(out_dir / "text_encoder_2", t5, *m.text_encoder_2, "model", dtype);
   write_tokenizer(out_dir / "tokenizer", "<|endoftext|>");
   nlohmann::json scheduler = sample::default_scheduler_config(dev ? "flux" : "flux_schnell");
   fs::create_directories(out_dir / "scheduler");
