@@ -41,7 +41,7 @@ class FluxModel final : public DiffusionModel {
   void set_gradient_checkpointing(bool enabled) override { transformer_->set_gradient_checkpointing(enabled); }
   void set_compute_mode(const ComputeMode& mode) override;
   void set_training(bool training) override;
-  int64_t quantize_base(bool text_encoders) override;
+  int64_t quantize_base(bool text_encoders, models::WeightQuantization format) override;
   void release(Encoder which) override;
 
  private:
@@ -185,11 +185,11 @@ void FluxModel::set_training(bool training) {
   transformer_->set_bypass_guidance(training && options_.bypass_guidance_embedding);
 }
 
-int64_t FluxModel::quantize_base(bool text_encoders) {
-  int64_t released = models::quantize_linear_layers(*transformer_);
+int64_t FluxModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
+  int64_t released = models::quantize_linear_layers(*transformer_, format);
   if (text_encoders) {
-    released += models::quantize_linear_layers(*text_encoder_.get());
-    released += models::quantize_linear_layers(*text_encoder_2_.get());
+    released += models::quantize_linear_layers(*text_encoder_.get(), format);
+    released += models::quantize_linear_layers(*text_encoder_2_.get(), format);
   }
   return released;
 }

@@ -26,6 +26,7 @@
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
@@ -160,6 +161,7 @@ class Trainer {
   void open_run_folder();
   void open_device_memory();
   void load_model();
+  void quantize_base();
   void prepare_data();
   void build_caches();
   void create_optimizer();
@@ -482,9 +484,16 @@ void Trainer::load_model() {
   model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   model_->set_training(true);
   if (settings_.quantize != playbook::Quantize::none) {
-    spdlog::info("base weights quantised to int8: {} released",
-                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+    quantize_base();
   }
+}
+
+// model.quantize / the guard's quantize_base rung: qfloat8 keeps fp8 e4m3 codes, qint8 int8.
+void Trainer::quantize_base() {
+  const bool fp8 = settings_.quantize == playbook::Quantize::fp8;
+  const int64_t released = model_->quantize_base(p_->model.quantize_te.value_or(false),
+                                                 fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8);
+  spdlog::info("base weights quantised to {}: {} released", fp8 ? "fp8 (e4m3)" : "int8", format_bytes(released));
 }
 
 void Trainer::prepare_data() {
@@ -958,8 +967,7 @@ void Trainer::apply(const MemorySettings& next) {
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
   if (latent_cache_ && change.buckets) cache_latents();
   if (change.quantize) {
-    spdlog::info("base weights quantised to int8: {} released",
-                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+    quantize_base();
   }
   if (change.low_vram) {
     // Both encoders leave the device now (a failure while caching needs the VAE alone there); each

@@ -32,6 +32,9 @@ class Module;
 namespace lt::lora {
 struct ComponentSpec;
 }
+namespace lt::models {
+enum class WeightQuantization;  // models/layers.h
+}
 
 namespace lt::train {
 
@@ -149,9 +152,9 @@ class DiffusionModel {
   virtual void set_compute_mode(const ComputeMode& mode) = 0;
   // Training mode of the denoiser (dropout); previews run it in eval mode (see EvalScope).
   virtual void set_training(bool training) = 0;
-  // The frozen denoiser's Linear weights (and the text encoders' with `text_encoders`) to int8 with
-  // per-channel scales, in place. Returns the bytes released.
-  virtual int64_t quantize_base(bool text_encoders) = 0;
+  // The frozen denoiser's Linear weights (and the text encoders' with `text_encoders`) to one byte
+  // per value (int8 or fp8 e4m3 codes) with per-channel scales, in place. Returns the bytes released.
+  virtual int64_t quantize_base(bool text_encoders, models::WeightQuantization format) = 0;
   // The low-VRAM path: the encoder leaves the device until it is used again.
   virtual void release(Encoder which) = 0;
 };
