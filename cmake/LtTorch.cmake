@@ -19,7 +19,11 @@ endif()
 add_library(lt_torch INTERFACE)
 # Everything the PCH includes is linked here too, so every consumer compiles with the same
 # definitions as the PCH (GCC ignores a PCH when e.g. FMT_SHARED differs).
-target_link_libraries(lt_torch INTERFACE ${TORCH_LIBRARIES} spdlog::spdlog fmt::fmt nlohmann_json::nlohmann_json)
+# spdlog and fmt come first: PyTorch 2.x bundles a newer fmt in its include folder, and the fmt that
+# spdlog was built with must be the one found.
+# libstdc++ is named ahead of LibTorch too: PyTorch's libtorch.so exports its own copy of
+# std::filesystem, and a binary that binds to it crashes in remove_all.
+target_link_libraries(lt_torch INTERFACE spdlog::spdlog fmt::fmt nlohmann_json::nlohmann_json stdc++ ${TORCH_LIBRARIES})
 target_compile_options(lt_torch INTERFACE ${TORCH_CXX_FLAGS})
 if(LT_WITH_CUDA)
   target_compile_definitions(lt_torch INTERFACE LT_WITH_CUDA=1)

@@ -27,6 +27,10 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 constexpr size_t kAggregate = 0;
 
 class CudaMemory final : public DeviceMemory {
+  // Defined before its callers: its return type (the allocator's DeviceStats) is deduced, and its
+  // name and namespace differ between LibTorch versions.
+  auto stats() const { return cca::getDeviceStats(device_); }
+
  public:
   CudaMemory(int device, int64_t vram_limit) : device_(static_cast<c10::DeviceIndex>(device)) {
     // The allocator reads its settings once, at its first use: set ours before that unless the
@@ -50,10 +54,10 @@ class CudaMemory final : public DeviceMemory {
     size_t free = 0, total = 0;
     C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     total_ = static_cast<int64_t>(total);
-    if (vram_limit > 0 && vram_limit < total_) {
-      limit_ = vram_limit;
-      cca::setMemoryFraction(static_cast<double>(vram_limit) / static_cast<double>(total_), device_);
-    }
+    // The fraction is process-wide state of the allocator: set it every time (1.0 without a
+    // limit), so that a run never inherits an earlier run's cap in the same process.
+    limit_ = vram_limit > 0 && vram_limit < total_ ? vram_limit : 0;
+    cca::setMemoryFraction(limit_ > 0 ? static_cast<double>(limit_) / static_cast<double>(total_) : 1.0, device_);
   }
 
   std::string name() const override {
@@ -82,8 +86,6 @@ class CudaMemory final : public DeviceMemory {
   }
 
  private:
-  auto stats() const { return cca::getDeviceStats(device_); }
-
   c10::DeviceIndex device_;
   std::string device_name_;
   int64_t total_ = 0;

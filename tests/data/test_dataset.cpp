@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <map>

@@ -290,8 +290,12 @@ DiagonalGaussian DiagonalGaussian::from_moments(const at::Tensor& moments) {
 }
 
 at::Tensor DiagonalGaussian::sample(std::optional<at::Generator> generator) const {
-  at::Tensor noise = generator ? torch::randn(mean.sizes(), *generator, mean.options()) : torch::randn(mean.sizes(), mean.options());
-  return mean + stddev * noise;
+  if (!generator) return mean + stddev * torch::randn(mean.sizes(), mean.options());
+  // Seeded noise comes from a CPU generator, so that a seed gives the same latents on every
+  // device: draw it there and move it.
+  const auto on = generator->device();
+  at::Tensor noise = torch::randn(mean.sizes(), *generator, mean.options().device(on));
+  return mean + stddev * (on == mean.device() ? noise : noise.to(mean.device()));
 }
 
 AutoencoderKLImpl::AutoencoderKLImpl(const VAEConfig& c) : config(c) {
