@@ -503,8 +503,8 @@ const Table<ModelConfig>& model_table() {
                     .one_of(kDtypes)
                     .default_is("= train.dtype"));
     t.push_back(field("quantize", &S::quantize,
-                      "Store the frozen base's Linear weights in 8 bits: int8 with one scale per output channel (qfloat8 "
-                      "and qint8 both use it here), a quarter of fp32's memory.")
+                      "Store the frozen base's Linear weights in 8 bits with one scale per output channel, a quarter "
+                      "of fp32's memory: fp8 e4m3 codes for qfloat8 (decoded through a byte table), int8 for qint8.")
                     .lever());
     t.push_back(field("qtype", &S::qtype, "Weight format when quantize is on.")
                     .one_of({"qfloat8", "float8", "qint8", "int8"})

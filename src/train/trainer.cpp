@@ -26,6 +26,7 @@
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
@@ -162,6 +163,7 @@ class Trainer {
   void open_device_memory();
   void plan_memory();
   void load_model();
+  void quantize_base();
   void prepare_data();
   void build_caches();
   void create_optimizer();
@@ -396,6 +398,10 @@ void Trainer::open_run_folder() {
   model_options_.v_prediction = p_->model.is_v_pred;
   model_options_.device = device_;
   model_options_.train_text_encoder = p_->train.train_text_encoder;
+  model_options_.bypass_guidance_embedding = p_->train.bypass_guidance_embedding;
+  if (p_->model.assistant_lora_path) {
+    model_options_.assistant_lora = config::resolve_adapter_file(*p_->model.assistant_lora_path, "model.assistant_lora_path").path;
+  }
   if (model_options_.expected == ModelFamily::kUnknown) {
     throw config::error_at(job_, "model.arch", "model.arch " + config::effective_arch(p_->model) +
                                                    " is not supported yet by lora-train");
@@ -509,9 +515,16 @@ void Trainer::load_model() {
   model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   model_->set_training(true);
   if (settings_.quantize != playbook::Quantize::none) {
-    spdlog::info("base weights quantised to int8: {} released",
-                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+    quantize_base();
   }
+}
+
+// model.quantize / the guard's quantize_base rung: qfloat8 keeps fp8 e4m3 codes, qint8 int8.
+void Trainer::quantize_base() {
+  const bool fp8 = settings_.quantize == playbook::Quantize::fp8;
+  const int64_t released = model_->quantize_base(p_->model.quantize_te.value_or(false),
+                                                 fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8);
+  spdlog::info("base weights quantised to {}: {} released", fp8 ? "fp8 (e4m3)" : "int8", format_bytes(released));
 }
 
 void Trainer::prepare_data() {
@@ -995,8 +1008,7 @@ void Trainer::apply(const MemorySettings& next) {
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
   if (latent_cache_ && change.buckets) cache_latents();
   if (change.quantize) {
-    spdlog::info("base weights quantised to int8: {} released",
-                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+    quantize_base();
   }
   if (change.low_vram) {
     // Both encoders leave the device now (a failure while caching needs the VAE alone there); each
