@@ -19,10 +19,6 @@ void add_not_built(CLI::App& app, Action& chosen, const char* name, const char* 
 }
 }  // namespace
 
-void add_plan_command(CLI::App& app, Action& chosen) {
-  add_not_built(app, chosen, "plan", "Predict peak memory per phase for a config (not available yet)");
-}
-
 void add_sample_command(CLI::App& app, Action& chosen) {
   add_not_built(app, chosen, "sample", "Generate images with a trained LoRA (not available yet)");
 }

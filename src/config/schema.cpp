@@ -341,8 +341,8 @@ const Table<TrainConfig>& train_table() {
     t.push_back(field("unload_text_encoder", &S::unload_text_encoder,
                       "Encode the blank prompt, the trigger word and the sample prompts once, then move the text "
                       "encoders off the GPU. Every image then trains with the trigger word (the blank prompt "
-                      "without one), not its caption, unless text embeddings are cached. Cannot be combined "
-                      "with train_text_encoder.")
+                      "without one), not its caption, as in AI Toolkit, unless cache_text_embeddings is on and "
+                      "captions do not change from step to step. Cannot be combined with train_text_encoder.")
                     .lever());
     t.push_back(field("cache_text_embeddings", &S::cache_text_embeddings,
                       "Turn on cache_text_embeddings for every dataset.")
@@ -503,8 +503,8 @@ const Table<ModelConfig>& model_table() {
                     .one_of(kDtypes)
                     .default_is("= train.dtype"));
     t.push_back(field("quantize", &S::quantize,
-                      "Store the frozen base's Linear weights in 8 bits: int8 with one scale per output channel (qfloat8 "
-                      "and qint8 both use it here), a quarter of fp32's memory.")
+                      "Store the frozen base's Linear weights in 8 bits with one scale per output channel, a quarter "
+                      "of fp32's memory: fp8 e4m3 codes for qfloat8 (decoded through a byte table), int8 for qint8.")
                     .lever());
     t.push_back(field("qtype", &S::qtype, "Weight format when quantize is on.")
                     .one_of({"qfloat8", "float8", "qint8", "int8"})
@@ -686,6 +686,11 @@ const Table<OomGuardConfig>& oom_guard_table() {
                       "After a stable stretch, add back one heavier setting at a time (playbook section 5).")
                     .ours());
     t.push_back(field("scale_up_after", &S::scale_up_after, "Stable steps before each scale-up.").min(1).ours());
+    t.push_back(field("plan", &S::plan,
+                      "Before loading, predict peak memory per phase (lora-train plan); when a VRAM budget is known "
+                      "(simulate_vram, vram_limit or CUDA's free memory) and the config is predicted not to fit, "
+                      "start from the ladder's first rung that fits (planned changes, listed in report.json).")
+                    .ours());
     return t;
   }();
   return t;

@@ -111,8 +111,7 @@ void add_vae_mid(std::vector<KeyRule>& rules, const std::string& ldm, const std:
 
 }  // namespace
 
-KeyMap vae_ldm_key_map(const sd::VAEConfig& c) {
-  const std::string root = "first_stage_model.";
+KeyMap vae_ldm_key_map(const sd::VAEConfig& c, const std::string& root) {
   std::vector<KeyRule> rules = {
       {root + "encoder.conv_in.", "encoder.conv_in."},
       {root + "encoder.norm_out.", "encoder.conv_norm_out."},

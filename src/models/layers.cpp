@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <vector>
 
 namespace lt::models {
 
@@ -28,25 +29,73 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) : in_features(in
 
 void LinearImpl::reset_parameters() { default_init(weight, bias, in_features); }
 
+const torch::Tensor& fp8_e4m3_table() {
+  static const torch::Tensor table = [] {
+    std::vector<float> v(256);
+    for (int code = 0; code < 256; ++code) {
+      const int e = (code >> 3) & 0xF, m = code & 0x7;
+      float value = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+      if ((code & 0x7F) == 0x7F) value = 0.0f;  // NaN codes
+      v[static_cast<size_t>(code)] = (code & 0x80) ? -value : value;
+    }
+    return torch::tensor(v, torch::kFloat);
+  }();
+  return table;
+}
+
+torch::Tensor fp8_e4m3_encode(const torch::Tensor& x) {
+  // The positive codes 0..126 are ascending in value: find the two neighbours of |x| and keep the
+  // nearer (ties to the even code, as round-to-nearest-even does).
+  const torch::Tensor positive = fp8_e4m3_table().narrow(0, 0, 127).to(x.device());
+  const torch::Tensor a = x.to(torch::kFloat).abs().clamp_max(448.0);
+  const torch::Tensor upper = torch::bucketize(a, positive).clamp(0, 126);
+  const torch::Tensor lower = (upper - 1).clamp_min(0);
+  const torch::Tensor d_upper = (positive.index_select(0, upper.flatten()).view_as(a) - a).abs();
+  const torch::Tensor d_lower = (a - positive.index_select(0, lower.flatten()).view_as(a)).abs();
+  const torch::Tensor take_lower = (d_lower < d_upper) | ((d_lower == d_upper) & (lower.remainder(2) == 0));
+  const torch::Tensor code = torch::where(take_lower, lower, upper);
+  return (code + (x < 0).to(torch::kLong) * 128).to(torch::kByte);
+}
+
 namespace {
-// y = x W^T with W = int8 * scale, dequantised in forward and again in backward (the bias is added
-// outside: autograd functions take defined tensors only).
-struct Int8LinearFunction : public torch::autograd::Function<Int8LinearFunction> {
+
+// Int8 values or fp8 codes times their per-row scale, in the scale's dtype.
+torch::Tensor dequantize(const torch::Tensor& q, const torch::Tensor& scale) {
+  if (q.scalar_type() == torch::kByte) {
+    return fp8_e4m3_table().to(q.device()).index_select(0, q.flatten().to(torch::kLong)).view(q.sizes()).to(
+               scale.scalar_type()) * scale;
+  }
+  return q.to(scale.scalar_type()) * scale;
+}
+
+// y = x W^T with W = dequantize(q, scale), dequantised in forward and again in backward (the bias
+// is added outside: autograd functions take defined tensors only).
+struct QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& q, const torch::Tensor& scale) {
     ctx->save_for_backward({q, scale});
-    const torch::Tensor w = q.to(scale.scalar_type()) * scale;
-    return x.matmul(w.to(x.scalar_type()).t());
+    return x.matmul(dequantize(q, scale).to(x.scalar_type()).t());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& grad = grad_outputs[0];
-    const torch::Tensor w = (saved[0].to(saved[1].scalar_type()) * saved[1]).to(grad.scalar_type());
-    return {grad.matmul(w), torch::Tensor(), torch::Tensor()};
+    return {grad.matmul(dequantize(saved[0], saved[1]).to(grad.scalar_type())), torch::Tensor(), torch::Tensor()};
   }
 };
+
 }  // namespace
+
+void LinearImpl::quantize(WeightQuantization format) {
+  if (format == WeightQuantization::int8) return quantize_int8();
+  if (quantized()) return;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor w = weight.detach().to(torch::kFloat);
+  torch::Tensor scale = w.abs().amax(1, true).clamp_min(1e-12) / 448.0;  // [out, 1]
+  weight_scale = register_buffer("weight_scale", scale.to(weight.device()));
+  weight_int8 = register_buffer("weight_int8", fp8_e4m3_encode(w / scale).to(weight.device()));
+  weight.set_data(torch::empty({0}, weight.options()));
+}
 
 void LinearImpl::quantize_int8() {
   if (quantized()) return;
@@ -60,17 +109,19 @@ void LinearImpl::quantize_int8() {
   weight.set_data(torch::empty({0}, weight.options()));
 }
 
-torch::Tensor LinearImpl::dequantized_weight() const { return weight_int8.to(weight_scale.scalar_type()) * weight_scale; }
+torch::Tensor LinearImpl::dequantized_weight() const { return dequantize(weight_int8, weight_scale); }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (quantized()) {
     const torch::Tensor input = x.to(bias.defined() ? bias.scalar_type() : weight.scalar_type());
-    torch::Tensor y = Int8LinearFunction::apply(input, weight_int8, weight_scale);
+    torch::Tensor y = QuantizedLinearFunction::apply(input, weight_int8, weight_scale);
     if (bias.defined()) y = y + bias.to(y.scalar_type());
+    if (base_adapter) y = y + base_adapter->delta(x).to(y.scalar_type());
     if (adapter) y = y + adapter->delta(x).to(y.scalar_type());
     return y;
   }
   torch::Tensor y = torch::nn::functional::linear(x.to(weight.scalar_type()), weight, bias);
+  if (base_adapter) y = y + base_adapter->delta(x).to(y.scalar_type());
   if (adapter) y = y + adapter->delta(x).to(y.scalar_type());
   return y;
 }
@@ -90,14 +141,14 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& x) {
   return y;
 }
 
-int64_t quantize_linear_layers(torch::nn::Module& root) {
+int64_t quantize_linear_layers(torch::nn::Module& root, WeightQuantization format) {
   int64_t released = 0;
   for (const auto& module : root.modules(/*include_self=*/true)) {
     if (auto* linear = dynamic_cast<LinearImpl*>(module.get())) {
       if (linear->quantized()) continue;
       released += linear->weight.numel() * static_cast<int64_t>(linear->weight.element_size()) -
                   linear->weight.numel() - linear->out_features * 4;
-      linear->quantize_int8();
+      linear->quantize(format);
     }
   }
   return released;

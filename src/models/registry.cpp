@@ -148,6 +148,60 @@ void detect_ldm(const io::SafetensorsFile& file, Detection& d) {
   if (!any_prefix(file, "first_stage_model.")) d.missing["vae"] = "first_stage_model.* (the autoencoder)";
 }
 
+// Flux-shaped files and what shares their block names: Flux.1 (BFL names, bare or under ComfyUI's
+// model.diffusion_model., or diffusers names), Flux.2 and Chroma (other architectures: told apart
+// by their modulation keys), and a T5 encoder given where a transformer belongs. False when none.
+bool detect_flux(const io::SafetensorsFile& file, Detection& d) {
+  if (any_key(file, "single_stream_modulation.") || any_key(file, "double_stream_modulation_")) {
+    d.evidence = "Flux.2 keys (single_stream_modulation / double_stream_modulation_img): a Flux.2 transformer, "
+                 "not Flux.1; lora-train does not train Flux.2";
+    d.components = split_components(file, {{"transformer", ""}});
+    return true;
+  }
+  if (any_key(file, "distilled_guidance_layer.")) {
+    d.family = ModelFamily::kChroma;
+    d.evidence = "distilled_guidance_layer.* (Chroma's modulation approximator; Flux.1 has per-block modulation)";
+    d.components = split_components(file, {{"transformer", ""}});
+    return true;
+  }
+  for (const std::string root : {"model.diffusion_model.", ""}) {
+    if (!file.contains(root + "double_blocks.0.img_attn.norm.key_norm.scale")) continue;
+    d.family = ModelFamily::kFlux;
+    d.format = KeyFormat::kBFL;
+    const bool dev = file.contains(root + "guidance_in.in_layer.weight");
+    d.evidence = root + "double_blocks.0.img_attn.norm.key_norm.scale (Flux.1 " + (dev ? "dev: guidance_in" : "schnell: no guidance_in") + ")";
+    d.components = split_components(file, {{"transformer", root},
+                                           {"text_encoder", "text_encoders.clip_l."},
+                                           {"text_encoder_2", "text_encoders.t5xxl."},
+                                           {"vae", "vae."}});
+    return true;
+  }
+  if (file.contains("x_embedder.weight") && file.contains("transformer_blocks.0.attn.add_k_proj.weight")) {
+    d.family = ModelFamily::kFlux;
+    d.format = KeyFormat::kDiffusers;
+    d.evidence = std::string("diffusers FluxTransformer2DModel keys (x_embedder, transformer_blocks.0.attn.add_k_proj") +
+                 (file.contains("time_text_embed.guidance_embedder.linear_1.weight") ? ", guidance_embedder: dev)" : ": schnell)");
+    d.components = split_components(file, {{"transformer", ""}});
+    return true;
+  }
+  // Only the first shard of a sharded diffusers transformer may hold neither marker.
+  if (any_prefix(file, "single_transformer_blocks.") || any_prefix(file, "transformer_blocks.0.attn.add_k_proj")) {
+    d.family = ModelFamily::kFlux;
+    d.format = KeyFormat::kDiffusers;
+    d.evidence = "diffusers FluxTransformer2DModel keys (transformer_blocks / single_transformer_blocks)";
+    d.components = split_components(file, {{"transformer", ""}});
+    return true;
+  }
+  for (const std::string root : {"", "text_encoders.t5xxl.transformer."}) {
+    if (!file.contains(root + "encoder.block.0.layer.0.SelfAttention.q.weight")) continue;
+    d.format = KeyFormat::kDiffusers;
+    d.evidence = "a T5 text encoder (encoder.block.*.SelfAttention), not a diffusion model";
+    d.components = split_components(file, {{"text_encoder", root}});
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 Detection detect_checkpoint(const io::SafetensorsFile& file) {
@@ -168,20 +222,7 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
     detect_ldm(file, d);
     return d;
   }
-  if (any_key(file, "double_blocks.0.img_attn.qkv.weight")) {
-    d.family = ModelFamily::kFlux;
-    d.format = KeyFormat::kBFL;
-    d.evidence = "double_blocks.0.img_attn.qkv.weight";
-    d.components = split_components(file, {{"transformer", ""}});
-    return d;
-  }
-  if (any_prefix(file, "single_transformer_blocks.") && any_prefix(file, "transformer_blocks.")) {
-    d.family = ModelFamily::kFlux;
-    d.format = KeyFormat::kDiffusers;
-    d.evidence = "transformer_blocks + single_transformer_blocks";
-    d.components = split_components(file, {{"transformer", ""}});
-    return d;
-  }
+  if (detect_flux(file, d)) return d;
   if (any_key(file, "patch_embedding.weight") && (any_key(file, "blocks.0.self_attn.q.weight") || any_key(file, "blocks.0.attn1.to_q.weight"))) {
     d.family = ModelFamily::kWan;
     d.format = any_key(file, "blocks.0.self_attn.q.weight") ? KeyFormat::kWanOriginal : KeyFormat::kDiffusers;
@@ -241,6 +282,7 @@ Detection detect_diffusers_folder(const std::filesystem::path& folder) {
   Detection d;
   d.format = KeyFormat::kDiffusers;
   std::string unet_evidence;
+  bool lookalike = false;  // a shard of another architecture decides for the whole denoiser
   for (const char* component : {"unet", "transformer", "vae", "text_encoder", "text_encoder_2"}) {
     auto dir = folder / component;
     if (!fs::is_directory(dir)) continue;
@@ -249,8 +291,16 @@ Detection detect_diffusers_folder(const std::filesystem::path& folder) {
       auto file = io::SafetensorsFile::open(entry.path());
       Detection part = detect_checkpoint(*file);
       if (std::string(component) == "unet" || std::string(component) == "transformer") {
-        d.family = part.family;
-        unet_evidence = part.evidence;
+        // A shard of a look-alike (or a T5 in transformer/) decides against the whole folder; a
+        // shard holding only the last layers says nothing.
+        const bool says_no = part.family == ModelFamily::kChroma || starts_with(part.evidence, "Flux.2") ||
+                             (part.family == ModelFamily::kUnknown && part.format != KeyFormat::kUnknown);
+        const bool says_nothing = part.family == ModelFamily::kUnknown && !says_no;
+        if (!lookalike && (says_no || !says_nothing || unet_evidence.empty())) {
+          d.family = part.family;
+          unet_evidence = part.evidence;
+          lookalike = says_no;
+        }
       }
       for (auto c : part.components) {
         c.name = component;
@@ -273,13 +323,16 @@ Detection detect_diffusers_folder(const std::filesystem::path& folder) {
     }
   }
   d.evidence = "diffusers folder" + (pipeline.empty() ? std::string() : " (" + pipeline + ")") +
-               (unet_evidence.empty() ? std::string() : ", unet: " + unet_evidence);
+               (unet_evidence.empty() ? std::string()
+                                      : (fs::is_directory(folder / "transformer") ? ", transformer: " : ", unet: ") + unet_evidence);
   std::vector<std::string> expected;
   if (d.family == ModelFamily::kSD1 || d.family == ModelFamily::kSD2) {
     expected = {"unet", "vae", "text_encoder", "tokenizer"};
   } else if (d.family == ModelFamily::kSDXL) {
     expected = {"unet", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"};
     if (fs::is_directory(folder / "text_encoder_2")) d.evidence += ", text_encoder_2/";
+  } else if (d.family == ModelFamily::kFlux) {
+    expected = {"transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"};
   }
   for (const auto& component : expected) {
     if (!fs::is_directory(folder / component)) d.missing[component] = component + "/";

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
+#include <fstream>
 #include <sstream>
 
 #include "loratrain/util/error.h"
@@ -86,6 +89,86 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
     }
   }
   return source_of.size();
+}
+
+size_t load_state_dict_sharded(torch::nn::Module& module, const std::vector<std::shared_ptr<io::SafetensorsFile>>& files,
+                               const LoadOptions& options) {
+  if (files.size() == 1) return load_state_dict(module, *files[0], options);
+  const auto targets = module_tensors(module);
+  // The module keys each file provides, found as load_state_dict finds them.
+  std::vector<std::set<std::string>> provided(files.size());
+  std::set<std::string> all;
+  for (size_t i = 0; i < files.size(); ++i) {
+    for (const auto& info : files[i]->tensors()) {
+      if (!options.prefix.empty() && info.name.rfind(options.prefix, 0) != 0) continue;
+      std::string key = info.name.substr(options.prefix.size());
+      if (options.rename) key = options.rename(key);
+      if (key.empty()) continue;
+      std::vector<DerivedTensor> derived;
+      if (options.derive) derived = options.derive(key, info.shape);
+      if (derived.empty()) derived.push_back(DerivedTensor{key, info.shape, nullptr});
+      for (const auto& d : derived) {
+        provided[i].insert(d.module_key);
+        all.insert(d.module_key);
+      }
+    }
+  }
+  std::vector<std::string> missing;
+  for (const auto& [key, tensor] : targets) {
+    if (!all.count(key) && !options.optional_keys.count(key)) missing.push_back(key);
+  }
+  if (!missing.empty()) {
+    std::ostringstream m;
+    m << files[0]->path().parent_path().string() << ": the " << files.size() << " shards do not hold the whole model\n  "
+      << missing.size() << " missing:";
+    for (size_t i = 0; i < missing.size() && i < 12; ++i) m << "\n    " << missing[i];
+    if (missing.size() > 12) m << "\n    ... and " << missing.size() - 12 << " more";
+    throw InputError(m.str());
+  }
+  size_t loaded = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    LoadOptions part = options;
+    for (const auto& [key, tensor] : targets) {
+      if (!provided[i].count(key)) part.optional_keys.insert(key);
+    }
+    loaded += load_state_dict(module, *files[i], part);
+  }
+  return loaded;
+}
+
+std::vector<std::shared_ptr<io::SafetensorsFile>> open_component_weights(const std::filesystem::path& folder) {
+  namespace fs = std::filesystem;
+  for (const char* stem : {"diffusion_pytorch_model", "model"}) {
+    const fs::path single = folder / (std::string(stem) + ".safetensors");
+    if (fs::exists(single)) return {io::SafetensorsFile::open(single)};
+    const fs::path index_path = folder / (std::string(stem) + ".safetensors.index.json");
+    if (!fs::exists(index_path)) continue;
+    std::ifstream in(index_path);
+    const auto index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      throw InputError(index_path.string() + ": not a sharded-checkpoint index (no weight_map object)");
+    }
+    std::set<std::string> names;
+    for (const auto& [key, file] : index["weight_map"].items()) {
+      if (!file.is_string()) throw InputError(index_path.string() + ": weight_map['" + key + "'] is not a file name");
+      const std::string name = file.get<std::string>();
+      if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
+        throw InputError(index_path.string() + ": shard name '" + printable(name) + "' leaves the folder");
+      }
+      names.insert(name);
+    }
+    std::vector<std::shared_ptr<io::SafetensorsFile>> files;
+    for (const auto& name : names) {
+      if (!fs::exists(folder / name)) {
+        throw InputError((folder / name).string() + ": shard missing (named by " + index_path.filename().string() + ")");
+      }
+      files.push_back(io::SafetensorsFile::open(folder / name));
+    }
+    if (files.empty()) throw InputError(index_path.string() + ": the index names no shards");
+    return files;
+  }
+  throw InputError(folder.string() + ": no .safetensors weights (diffusion_pytorch_model.safetensors, model.safetensors "
+                   "or a sharded checkpoint's .safetensors.index.json); .bin files are not read: convert them to safetensors");
 }
 
 }  // namespace lt::models

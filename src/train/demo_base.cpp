@@ -10,16 +10,23 @@
 #include <nlohmann/json.hpp>
 
 #include "loratrain/io/safetensors.h"
+#include "loratrain/sample/scheduler.h"
+#include "loratrain/models/flux/checkpoint.h"
 #include "loratrain/models/key_maps.h"
 #include "loratrain/models/sd/unet.h"
 #include "loratrain/models/sd/vae.h"
 #include "loratrain/models/text/clip.h"
 #include "loratrain/models/text/clip_checkpoint.h"
 #include "loratrain/models/text/clip_tokenizer.h"
+#include "loratrain/models/text/t5.h"
+#include "loratrain/models/text/t5_tokenizer.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
 
 #include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <fstream>
 
 namespace lt::train {
 
@@ -272,18 +279,195 @@ void write_diffusers_folder(const fs::path& out_dir, DemoModels& m, bool sdxl, c
   spdlog::info("demo base: diffusers folder {}", out_dir.string());
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Flux.1
+
+struct FluxDemoModels {
+  models::flux::FluxTransformer2DModel transformer{nullptr};
+  models::sd::AutoencoderKL vae{nullptr};
+  models::CLIPTextModel text_encoder{nullptr};
+  models::T5EncoderModel text_encoder_2{nullptr};
+};
+
+// A SentencePiece model of the demo words (T5's ids: pad 0, eos 1, unk 2, no BOS), trained by
+// Debian's spm_train on sentences of those words in a fixed pseudo-random order.
+void write_spiece_model(const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path corpus = dir / "corpus.txt.tmp";
+  {
+    std::ofstream out(corpus);
+    uint64_t state = 2024;
+    auto next = [&state] {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return static_cast<size_t>(state >> 33);
+    };
+    for (int line = 0; line < 2000; ++line) {
+      const size_t words = 3 + next() % 8;
+      for (size_t w = 0; w < words; ++w) out << kWords[next() % kWords.size()] << (w + 1 < words ? " " : "\n");
+    }
+  }
+  const fs::path prefix = dir / "spiece";
+  const std::string cmd = "spm_train --input='" + corpus.string() + "' --model_prefix='" + prefix.string() +
+                          "' --vocab_size=120 --model_type=unigram --character_coverage=1.0 --hard_vocab_limit=false"
+                          " --pad_id=0 --eos_id=1 --unk_id=2 --bos_id=-1 --num_threads=1 --minloglevel=2 > '" +
+                          (dir / "spm_train.log.tmp").string() + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  fs::remove(corpus);
+  fs::remove(dir / "spm_train.log.tmp");
+  fs::remove(dir / "spiece.vocab");
+  if (rc != 0 || !fs::exists(prefix.string() + ".model")) {
+    throw Error(ExitCode::kRuntime, "demo base: spm_train failed (Debian's sentencepiece package; scripts/install-deps "
+                                    "installs it): " + cmd);
+  }
+  write_file_atomic(dir / "tokenizer_config.json",
+                    nlohmann::json{{"model_max_length", 512}, {"extra_ids", 100}, {"tokenizer_class", "T5Tokenizer"},
+                                   {"eos_token", "</s>"}, {"pad_token", "<pad>"}, {"unk_token", "<unk>"}}
+                            .dump(2) + "\n");
+}
+
+FluxDemoModels build_flux(const models::CLIPTokenizer& clip_tokenizer, const models::T5Tokenizer& t5_tokenizer,
+                          bool dev, bool full_size) {
+  FluxDemoModels m;
+  models::flux::FluxConfig config;  // FLUX.1's sizes
+  models::T5Config t5 = models::T5Config::t5_v1_1_xxl();
+  nlohmann::json clip = clip_vit_l_json(clip_tokenizer);
+  if (!full_size) {
+    // 2 heads of 32 (rope axes 4, 14, 14), 2 double + 2 single blocks; T5 and CLIP 64 wide.
+    config.num_layers = 2;
+    config.num_single_layers = 2;
+    config.num_attention_heads = 2;
+    config.attention_head_dim = 32;
+    config.axes_dims_rope = {4, 14, 14};
+    config.joint_attention_dim = 64;
+    config.pooled_projection_dim = 64;
+    t5.vocab_size = t5_tokenizer.vocab_size();
+    t5.d_model = 64;
+    t5.d_kv = 16;
+    t5.num_heads = 4;
+    t5.d_ff = 128;
+    t5.num_layers = 2;
+    clip = tiny_clip_json(clip_tokenizer);
+  }
+  config.guidance_embeds = dev;
+  m.transformer = models::flux::FluxTransformer2DModel(config);
+  // The Flux VAE: 16 latent channels, no quant convs, latents (z - 0.1159) * 0.3611.
+  nlohmann::json vae = tiny_vae_json(models::sd::VAEConfig::sd());
+  if (full_size) vae = models::sd::VAEConfig::sd().to_json();
+  vae["latent_channels"] = 16;
+  vae["scaling_factor"] = 0.3611;
+  vae["shift_factor"] = 0.1159;
+  vae["use_quant_conv"] = false;
+  vae["use_post_quant_conv"] = false;
+  vae["sample_size"] = 1024;
+  m.vae = models::sd::AutoencoderKL(models::sd::VAEConfig::from_json(vae));
+  m.text_encoder = models::CLIPTextModel(models::CLIPTextConfig::from_json(clip));
+  m.text_encoder_2 = models::T5EncoderModel(t5);
+  return m;
+}
+
+void write_flux_single_file(const fs::path& out_dir, FluxDemoModels& m, bool dev, const DemoBaseOptions& o) {
+  Tensors tensors;
+  for (auto& [key, value] : models::flux::bfl_tensors(*m.transformer, models::flux::kComfyTransformerRoot)) {
+    tensors.emplace_back(key, stored(value, o.dtype));
+  }
+  add_mapped(tensors, *m.text_encoder, models::clip_ldm_key_map(models::flux::kComfyClipLRoot), o.dtype);
+  for (const auto& p : m.text_encoder_2->named_parameters(true)) {
+    tensors.emplace_back(models::flux::kComfyT5Root + p.key(), stored(p.value(), o.dtype));
+    // t5xxl_fp16 stores the tied embedding twice.
+    if (p.key() == models::kT5SharedEmbeddingKey) {
+      tensors.emplace_back(std::string(models::flux::kComfyT5Root) + models::kT5TiedEmbeddingKey, stored(p.value(), o.dtype));
+    }
+  }
+  // BFL's ae.safetensors layout: LDM names, mid attention as 1x1 convs.
+  add_mapped(tensors, *m.vae, models::vae_ldm_key_map(m.vae->config, models::flux::kComfyVAERoot), o.dtype,
+             /*conv_vae_attention=*/true);
+  const std::string what = dev ? "Flux.1-dev" : "Flux.1-schnell";
+  io::save_safetensors(out_dir / "model.safetensors", tensors,
+                       {{"format", "pt"},
+                        {"lora_train_demo", "tiny " + what + "-architecture ComfyUI all-in-one checkpoint with seeded random weights"},
+                        {"seed", std::to_string(o.seed)}});
+  spdlog::info("demo base: {} tensors in {}", tensors.size(), (out_dir / "model.safetensors").string());
+}
+
+// `module` as `stem`-0000N-of-00002.safetensors (the parameters in order, halved) and
+// `stem`.safetensors.index.json, with its config.json.
+void write_sharded(const fs::path& dir, const nlohmann::json& config, torch::nn::Module& module, const std::string& stem,
+                   at::ScalarType dtype) {
+  fs::create_directories(dir);
+  write_json(dir / "config.json", config);
+  const auto params = module.named_parameters(true);
+  const size_t half = params.size() / 2;
+  nlohmann::json weight_map = nlohmann::json::object();
+  Tensors shards[2];
+  int64_t bytes = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const size_t shard = i < half ? 0 : 1;
+    shards[shard].emplace_back(params[i].key(), stored(params[i].value(), dtype));
+    bytes += params[i].value().numel() * static_cast<int64_t>(c10::elementSize(dtype));
+    weight_map[params[i].key()] = stem + "-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
+  }
+  for (size_t k = 0; k < 2; ++k) {
+    io::save_safetensors(dir / (stem + "-0000" + std::to_string(k + 1) + "-of-00002.safetensors"), shards[k],
+                         {{"format", "pt"}});
+  }
+  write_json(dir / (stem + ".safetensors.index.json"), {{"metadata", {{"total_size", bytes}}}, {"weight_map", weight_map}});
+}
+
+void write_flux_diffusers_folder(const fs::path& out_dir, FluxDemoModels& m, bool dev, const DemoBaseOptions& o) {
+  const auto dtype = o.dtype;
+  // transformer/ and text_encoder_2/ in two shards with their index, as the FLUX.1 repositories
+  // ship them (there in three and two).
+  write_sharded(out_dir / "transformer", diffusers_config(m.transformer->config.to_json()), *m.transformer,
+                "diffusion_pytorch_model", dtype);
+  write_component(out_dir / "vae", diffusers_config(m.vae->config.to_json()), *m.vae, "diffusion_pytorch_model.safetensors",
+                  dtype);
+  write_component(out_dir / "text_encoder", transformers_config(m.text_encoder->config.to_json(), "CLIPTextModel", dtype),
+                  *m.text_encoder, "model.safetensors", dtype);
+  nlohmann::json t5 = m.text_encoder_2->config.to_json();
+  t5["architectures"] = {"T5EncoderModel"};
+  write_sharded(out_dir / "text_encoder_2", t5, *m.text_encoder_2, "model", dtype);
+  write_tokenizer(out_dir / "tokenizer", "<|endoftext|>");
+  nlohmann::json scheduler = sample::default_scheduler_config(dev ? "flux" : "flux_schnell");
+  fs::create_directories(out_dir / "scheduler");
+  write_json(out_dir / "scheduler" / "scheduler_config.json", diffusers_config(scheduler));
+  const nlohmann::json index = {{"_class_name", "FluxPipeline"},
+                                {"_diffusers_version", "0.38.0"},
+                                {"transformer", {"diffusers", "FluxTransformer2DModel"}},
+                                {"vae", {"diffusers", "AutoencoderKL"}},
+                                {"text_encoder", {"transformers", "CLIPTextModel"}},
+                                {"text_encoder_2", {"transformers", "T5EncoderModel"}},
+                                {"tokenizer", {"transformers", "CLIPTokenizer"}},
+                                {"tokenizer_2", {"transformers", "T5TokenizerFast"}},
+                                {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}}};
+  write_json(out_dir / "model_index.json", index);
+  spdlog::info("demo base: diffusers folder {}", out_dir.string());
+}
+
 }  // namespace
 
 void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   if (options.dtype != at::kFloat && options.dtype != at::kHalf && options.dtype != at::kBFloat16) {
     throw InputError("demo base: weights dtype must be fp32, fp16 or bf16");
   }
-  const bool sdxl = options.arch == DemoArch::kSDXL;
   torch::manual_seed(options.seed);
   // The vocabulary comes first: its size is the text encoders' vocab_size.
   fs::create_directories(out_dir / "tokenizer");
   models::write_demo_vocabulary(out_dir / "tokenizer", kWords);
   auto tokenizer = models::load_clip_tokenizer(out_dir / "tokenizer");
+  if (options.arch == DemoArch::kFluxDev || options.arch == DemoArch::kFluxSchnell) {
+    const bool dev = options.arch == DemoArch::kFluxDev;
+    write_spiece_model(out_dir / "tokenizer_2");
+    const auto t5_tokenizer = models::load_t5_tokenizer(out_dir / "tokenizer_2");
+    FluxDemoModels models = build_flux(tokenizer, t5_tokenizer, dev, options.full_size);
+    if (options.diffusers) {
+      write_flux_diffusers_folder(out_dir, models, dev, options);
+    } else {
+      write_flux_single_file(out_dir, models, dev, options);
+    }
+    return;
+  }
+  const bool sdxl = options.arch == DemoArch::kSDXL;
   DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size) : build_sd1(tokenizer, options.full_size);
   if (options.diffusers) {
     write_diffusers_folder(out_dir, models, sdxl, options);

@@ -68,6 +68,7 @@ constexpr Trained kTrained[] = {
     {ModelFamily::kSD1, load_sd_model},
     {ModelFamily::kSD2, load_sd_model},
     {ModelFamily::kSDXL, load_sdxl_model},
+    {ModelFamily::kFlux, load_flux_model},
 };
 
 std::string family_list() {

@@ -22,6 +22,8 @@ namespace lt::train {
 std::unique_ptr<DiffusionModel> load_sd_model(const ModelLoadOptions& options, const models::Detection& detection);
 // family_sdxl.cpp: SDXL (UNet with text-time conditioning, VAE, CLIP ViT-L + OpenCLIP ViT-bigG).
 std::unique_ptr<DiffusionModel> load_sdxl_model(const ModelLoadOptions& options, const models::Detection& detection);
+// family_flux.cpp: Flux.1 dev / schnell (FluxTransformer2DModel, 16-channel VAE, CLIP-L + T5-XXL).
+std::unique_ptr<DiffusionModel> load_flux_model(const ModelLoadOptions& options, const models::Detection& detection);
 
 // Shared by the family files.
 namespace family {

@@ -40,7 +40,7 @@ class SDModel final : public DiffusionModel {
   void set_gradient_checkpointing(bool enabled) override { unet_->set_gradient_checkpointing(enabled); }
   void set_compute_mode(const ComputeMode& mode) override;
   void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
-  int64_t quantize_base(bool text_encoders) override;
+  int64_t quantize_base(bool text_encoders, models::WeightQuantization format) override;
   void release(Encoder which) override;
   // The VAE, loaded if it was released, in the current compute mode.
   models::sd::AutoencoderKL& vae();
@@ -63,6 +63,7 @@ class SDModel final : public DiffusionModel {
 };
 
 SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) : options_(std::move(options)) {
+  if (options_.assistant_lora) throw InputError("model.assistant_lora_path: assistant adapters are for Flux models only");
   const fs::path& path = options_.name_or_path;
   single_file_ = !fs::is_directory(path);
   if (single_file_) {
@@ -209,9 +210,9 @@ std::map<std::string, std::string> SDModel::lora_metadata() const {
 
 // The low-VRAM path's frozen weights: every Linear of the UNet (and of the text encoder when
 // asked) in int8 with per-channel scales.
-int64_t SDModel::quantize_base(bool text_encoders) {
-  int64_t released = models::quantize_linear_layers(*unet_);
-  if (text_encoders) released += models::quantize_linear_layers(*text_encoder_.get());
+int64_t SDModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
+  int64_t released = models::quantize_linear_layers(*unet_, format);
+  if (text_encoders) released += models::quantize_linear_layers(*text_encoder_.get(), format);
   return released;
 }
 

@@ -34,7 +34,7 @@ class SDXLModel final : public DiffusionModel {
   void set_gradient_checkpointing(bool enabled) override { unet_->set_gradient_checkpointing(enabled); }
   void set_compute_mode(const ComputeMode& mode) override;
   void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
-  int64_t quantize_base(bool text_encoders) override;
+  int64_t quantize_base(bool text_encoders, models::WeightQuantization format) override;
   void release(Encoder which) override;
   // The VAE, loaded if it was released, in the current compute mode.
   models::sd::AutoencoderKL& vae();
@@ -69,6 +69,7 @@ SDXLModel::SDXLModel(ModelLoadOptions options)
       checkpoint_(models::sd::SDXLCheckpoint::open(options_.name_or_path, options_.vae_path.has_value())),
       tokenizer_(checkpoint_.load_tokenizer(options_.tokenizer_path)),
       tokenizer_2_(checkpoint_.load_tokenizer_2(options_.tokenizer_path)) {
+  if (options_.assistant_lora) throw InputError("model.assistant_lora_path: assistant adapters are for Flux models only");
   traits_.family = ModelFamily::kSDXL;
   traits_.prediction = options_.v_prediction ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
   traits_.scheduler_config = options_.v_prediction ? "sd2_v" : "sdxl";
@@ -133,11 +134,11 @@ std::map<std::string, std::string> SDXLModel::lora_metadata() const {
   return lora::kohya_base_model_metadata("sdxl", options_.v_prediction);
 }
 
-int64_t SDXLModel::quantize_base(bool text_encoders) {
-  int64_t released = models::quantize_linear_layers(*unet_);
+int64_t SDXLModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
+  int64_t released = models::quantize_linear_layers(*unet_, format);
   if (text_encoders) {
-    released += models::quantize_linear_layers(*text_encoder_.get());
-    released += models::quantize_linear_layers(*text_encoder_2_.get());
+    released += models::quantize_linear_layers(*text_encoder_.get(), format);
+    released += models::quantize_linear_layers(*text_encoder_2_.get(), format);
   }
   return released;
 }

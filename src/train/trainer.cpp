@@ -26,9 +26,11 @@
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
+#include "loratrain/plan/plan.h"
 #include "loratrain/playbook/settings.h"
 #include "loratrain/report/run_report.h"
 #include "loratrain/sample/noise.h"
@@ -159,7 +161,9 @@ class Trainer {
   // setup
   void open_run_folder();
   void open_device_memory();
+  void plan_memory();
   void load_model();
+  void quantize_base();
   void prepare_data();
   void build_caches();
   void create_optimizer();
@@ -184,6 +188,7 @@ class Trainer {
   Conditioning conditioning_for(const data::Batch& batch);
   TextEmbedding cached_text(const std::string& caption);
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
+  bool trains_on_trigger_only() const;
   PhaseContext step_context() const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
@@ -242,6 +247,7 @@ RunResult Trainer::run() {
   StopSignals stop_signals;
   open_run_folder();
   open_device_memory();
+  plan_memory();
   // One seed for everything random in the run (adapter init, noise, data order): runs repeat
   // exactly, and a resumed run restores every generator's state on top.
   torch::manual_seed(seed());
@@ -332,7 +338,7 @@ RunResult Trainer::run() {
     result_.exit_code = give_up(g);
     return result_;
   }
-  if (!guard_->attempts().empty()) {
+  if (!guard_->attempts().empty() || !guard_->planned_changes().empty()) {
     config::write_effective_yaml(playbook::config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
     spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
   }
@@ -392,6 +398,10 @@ void Trainer::open_run_folder() {
   model_options_.v_prediction = p_->model.is_v_pred;
   model_options_.device = device_;
   model_options_.train_text_encoder = p_->train.train_text_encoder;
+  model_options_.bypass_guidance_embedding = p_->train.bypass_guidance_embedding;
+  if (p_->model.assistant_lora_path) {
+    model_options_.assistant_lora = config::resolve_adapter_file(*p_->model.assistant_lora_path, "model.assistant_lora_path").path;
+  }
   if (model_options_.expected == ModelFamily::kUnknown) {
     throw config::error_at(job_, "model.arch", "model.arch " + config::effective_arch(p_->model) +
                                                    " is not supported yet by lora-train");
@@ -447,6 +457,33 @@ void Trainer::open_device_memory() {
   guard_->check_start();
 }
 
+// With a known budget (simulated VRAM, memory.vram_limit, CUDA's free memory), a config the
+// planner predicts not to fit starts from the guard's first rung that does: planned changes, not OOMs.
+void Trainer::plan_memory() {
+  if (memory_->is_host() || !p_->memory.oom_guard.enabled || !p_->memory.oom_guard.plan) return;
+  const int64_t budget = memory_->free_and_total().free;
+  try {
+    const auto planner = plan::Planner::from_config(job_, static_cast<int>(c10::elementSize(dtype_)));
+    const plan::FitResult fitted = plan::fit(*planner, settings_, budget);
+    spdlog::info("plan: predicted peak {} of {} available", format_bytes(fitted.prediction.peak()), format_bytes(budget));
+    if (fitted.changes.empty() || !fitted.fits) {
+      if (!fitted.fits) spdlog::warn("plan: predicted not to fit even with every lever; starting as configured");
+      return;
+    }
+    std::vector<memory::PlannedChangeRecord> records;
+    for (const auto& c : fitted.changes) {
+      spdlog::info("plan: planned change ({} predicted {} -> {}): {}", playbook::to_string(c.phase),
+                   format_bytes(c.peak_before), format_bytes(c.peak_after), c.description);
+      records.push_back({c.kind, c.description, c.phase, c.peak_before, c.peak_after});
+    }
+    guard_->adopt_planned(fitted.settings, std::move(records));
+    settings_ = fitted.settings;
+  } catch (const std::exception& e) {
+    // A prediction is advice: a config the planner cannot read still runs under the guard.
+    spdlog::warn("plan: no prediction ({}); starting as configured", e.what());
+  }
+}
+
 void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
@@ -478,9 +515,16 @@ void Trainer::load_model() {
   model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   model_->set_training(true);
   if (settings_.quantize != playbook::Quantize::none) {
-    spdlog::info("base weights quantised to int8: {} released",
-                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+    quantize_base();
   }
+}
+
+// model.quantize / the guard's quantize_base rung: qfloat8 keeps fp8 e4m3 codes, qint8 int8.
+void Trainer::quantize_base() {
+  const bool fp8 = settings_.quantize == playbook::Quantize::fp8;
+  const int64_t released = model_->quantize_base(p_->model.quantize_te.value_or(false),
+                                                 fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8);
+  spdlog::info("base weights quantised to {}: {} released", fp8 ? "fp8 (e4m3)" : "int8", format_bytes(released));
 }
 
 void Trainer::prepare_data() {
@@ -507,6 +551,7 @@ void Trainer::prepare_data() {
   batch_options_.batch_size = settings_.batch_size;
   batch_options_.seed = seed();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
+  for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();  // planned before the start
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
   noise_rng_ = sample::make_generator(batch_options_.seed);
 }
@@ -541,9 +586,13 @@ void Trainer::build_caches() {
         texts.push_back(prompt.negative);
       }
       text_cache_->build(texts, [this](const std::string& caption) { return cached_text(caption); });
-      if (!dataset_->fixed_captions()) {
-        spdlog::warn("train.unload_text_encoder: captions change from step to step (dropout, shuffling), so every image "
-                     "trains on the trigger word '{}' as AI Toolkit does", dataset_->options().trigger_word);
+      if (trains_on_trigger_only()) {
+        const bool cached = p_->train.cache_text_embeddings || p_->datasets[0].cache_text_embeddings;
+        spdlog::warn("train.unload_text_encoder: {}, so every image trains on the trigger word '{}' (the blank prompt "
+                     "without one), not its caption, as AI Toolkit does{}",
+                     cached ? "captions change from step to step (dropout, shuffling)" : "text embeddings are not cached",
+                     dataset_->options().trigger_word,
+                     cached ? "" : "; set datasets[].cache_text_embeddings: true to train on the captions");
       }
       model_->release(Encoder::text);
       spdlog::info("train.unload_text_encoder: {} texts encoded, text encoders unloaded", text_cache_->memory_entries());
@@ -694,6 +743,15 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
   return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
 }
 
+// AI Toolkit's unload_text_encoder: unless the captions' embeddings are cached (cache_text_embeddings,
+// and captions that do not change from step to step), every image trains on the trigger word (blank
+// without one), encoded once before the encoders left.
+bool Trainer::trains_on_trigger_only() const {
+  if (!p_->train.unload_text_encoder) return false;
+  const bool cached = p_->train.cache_text_embeddings || p_->datasets[0].cache_text_embeddings;
+  return !cached || !dataset_->fixed_captions();
+}
+
 // Captions -> embeddings [B, ...] on the device: from the text cache when there is one (a new
 // caption is encoded and kept), else encoded now (with gradients when the text encoder trains).
 TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) {
@@ -706,11 +764,7 @@ TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) 
 Conditioning Trainer::conditioning_for(const data::Batch& batch) {
   Conditioning c;
   std::vector<std::string> captions = batch.captions();
-  if (p_->train.unload_text_encoder && !dataset_->fixed_captions()) {
-    // AI Toolkit's unload_text_encoder: without cacheable captions every image trains on the
-    // trigger word (blank without one), encoded once before the encoders left.
-    captions.assign(captions.size(), dataset_->options().trigger_word);
-  }
+  if (trains_on_trigger_only()) captions.assign(captions.size(), dataset_->options().trigger_word);
   c.text = text_on_device(captions);
   c.guidance = p_->train.cfg_scale;
   for (const auto& item : batch.items) {
@@ -954,8 +1008,7 @@ void Trainer::apply(const MemorySettings& next) {
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
   if (latent_cache_ && change.buckets) cache_latents();
   if (change.quantize) {
-    spdlog::info("base weights quantised to int8: {} released",
-                 format_bytes(model_->quantize_base(p_->model.quantize_te.value_or(false))));
+    quantize_base();
   }
   if (change.low_vram) {
     // Both encoders leave the device now (a failure while caching needs the VAE alone there); each

@@ -165,6 +165,27 @@ CATCH_TEST_CASE("T5 from a transformers folder (config.json + model.safetensors)
   CATCH_CHECK(!model->is_training());
   check_matches_reference(model);
 
+  // Sharded as FLUX.1's text_encoder_2/ is: two files and model.safetensors.index.json.
+  const auto sharded = lt::test::scratch_dir("t5_ckpt_sharded");
+  std::filesystem::copy_file(kCase / "config.json", sharded / "config.json");
+  {
+    auto all = fixture_weights();
+    Tensors shards[2];
+    nlohmann::json weight_map = nlohmann::json::object();
+    size_t i = 0;
+    for (const auto& [key, tensor] : all) {
+      const size_t shard = i++ % 2;
+      shards[shard].emplace_back(key, tensor);
+      weight_map[key] = "model-0000" + std::to_string(shard + 1) + "-of-00002.safetensors";
+    }
+    for (size_t k = 0; k < 2; ++k) {
+      lt::io::save_safetensors(sharded / ("model-0000" + std::to_string(k + 1) + "-of-00002.safetensors"), shards[k], {});
+    }
+    std::ofstream(sharded / "model.safetensors.index.json") << nlohmann::json{{"weight_map", weight_map}}.dump();
+  }
+  T5EncoderModel from_shards = load_t5_encoder(sharded);
+  check_matches_reference(from_shards);
+
   const auto empty = lt::test::scratch_dir("t5_ckpt_no_weights");
   std::filesystem::copy_file(kCase / "config.json", empty / "config.json");
   std::ofstream(empty / "model.safetensors.index.json") << "{}";

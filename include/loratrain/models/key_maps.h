@@ -44,7 +44,9 @@ KeyMap unet_ldm_key_map(const sd::UNetConfig& config);
 // VAE: first_stage_model.{encoder,decoder}.{down,mid,up,norm_out}, quant convs <-> diffusers; the
 // mid attention's norm/q/k/v/proj_out become group_norm/to_q/to_k/to_v/to_out.0 (older files store
 // those weights as 1x1 convs [C, C, 1, 1]; see is_vae_attention_weight).
-KeyMap vae_ldm_key_map(const sd::VAEConfig& config);
+// `root`: where the VAE lives in the file (ComfyUI's Flux all-in-one files use "vae.", BFL's
+// ae.safetensors "").
+KeyMap vae_ldm_key_map(const sd::VAEConfig& config, const std::string& root = "first_stage_model.");
 
 // True for the diffusers VAE keys whose LDM tensor may be a 1x1 conv to reshape into a Linear weight.
 bool is_vae_attention_weight(const std::string& diffusers_key);

@@ -9,6 +9,12 @@
 
 namespace lt::models {
 
+// How the low-VRAM path stores a frozen Linear weight: one byte per value with one fp32 scale per
+// output channel, as int8 (value = q * scale, scale = max|row| / 127) or as fp8 e4m3fn codes
+// (value = e4m3(code) * scale, scale = max|row| / 448; kept as bytes and decoded through a
+// 256-entry table, so it works on LibTorch builds without float8 types).
+enum class WeightQuantization { int8, fp8_e4m3 };
+
 // A trainable delta added to a frozen leaf's output. The adapter is not a registered submodule of
 // the base model: base checkpoints keep their exact key sets, and the LoRA network owns adapters.
 class Adapter {
@@ -30,6 +36,7 @@ class LinearImpl : public torch::nn::Module {
   // it again for the input gradient, so no dequantised copy stays alive between the two.
   // `weight` becomes an empty placeholder; the base weight never trains.
   void quantize_int8();
+  void quantize(WeightQuantization format);  // quantize_int8() or the fp8 e4m3 codes
   bool quantized() const { return weight_int8.defined(); }
   torch::Tensor dequantized_weight() const;  // [out, in] in the scale's dtype
 
@@ -37,9 +44,12 @@ class LinearImpl : public torch::nn::Module {
   int64_t out_features;
   torch::Tensor weight;  // [out, in]
   torch::Tensor bias;    // [out] or undefined
-  torch::Tensor weight_int8;   // [out, in] int8 when quantized (a buffer, not a checkpoint key)
+  torch::Tensor weight_int8;   // [out, in] int8, or uint8 fp8 codes, when quantized (a buffer, not a checkpoint key)
   torch::Tensor weight_scale;  // [out, 1] fp32 when quantized
   std::shared_ptr<Adapter> adapter;
+  // A frozen adapter that belongs to the base while training (AI Toolkit's assistant LoRA, e.g.
+  // FLUX.1-schnell's training adapter): added like `adapter`, never trained or saved.
+  std::shared_ptr<Adapter> base_adapter;
 };
 TORCH_MODULE(Linear);
 
@@ -62,7 +72,13 @@ class Conv2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Conv2d);
 
-// Calls quantize_int8() on every Linear leaf under `root`; returns the bytes of weights released.
-int64_t quantize_linear_layers(torch::nn::Module& root);
+// Quantizes every Linear leaf under `root`; returns the bytes of weights released.
+int64_t quantize_linear_layers(torch::nn::Module& root, WeightQuantization format = WeightQuantization::int8);
+
+// The value of each fp8 e4m3fn byte code (sign, 4 exponent bits with bias 7, 3 mantissa bits; the
+// two NaN codes read as 0), float32 [256].
+const torch::Tensor& fp8_e4m3_table();
+// x (float) -> the nearest e4m3fn codes (uint8), saturating at +-448.
+torch::Tensor fp8_e4m3_encode(const torch::Tensor& x);
 
 }  // namespace lt::models

@@ -3,7 +3,9 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -40,6 +42,17 @@ struct LoadOptions {
 // mis-shaped names and throws one lt::InputError listing them. Returns the number loaded.
 size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& file,
                        const LoadOptions& options = {});
+
+// A module stored across several files (a diffusers or transformers sharded checkpoint). Each
+// file loads as above with the keys the other files hold allowed to be absent; a key no file holds
+// is reported as missing in one lt::InputError. Returns the number loaded.
+size_t load_state_dict_sharded(torch::nn::Module& module, const std::vector<std::shared_ptr<io::SafetensorsFile>>& files,
+                               const LoadOptions& options = {});
+
+// The weight files of a component folder: `<stem>.safetensors`, or the shards its
+// `<stem>.safetensors.index.json` names (stem: diffusion_pytorch_model or model). Every shard is
+// opened (a missing or truncated one is an lt::InputError naming it).
+std::vector<std::shared_ptr<io::SafetensorsFile>> open_component_weights(const std::filesystem::path& folder);
 
 // The module's parameters and buffers by name, as load_state_dict sees them.
 std::map<std::string, at::Tensor> module_tensors(torch::nn::Module& module);

@@ -1,4 +1,5 @@
-// The embedded demo's tiny base models with seeded random weights: SD1 (the default) and SDXL.
+// The embedded demo's tiny base models with seeded random weights: SD1 (the default), SDXL and
+// Flux.1 (dev, schnell).
 #pragma once
 #include <c10/core/ScalarType.h>
 
@@ -7,7 +8,7 @@
 
 namespace lt::train {
 
-enum class DemoArch { kSD1, kSDXL };
+enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell };
 
 struct DemoBaseOptions {
   DemoArch arch = DemoArch::kSD1;
@@ -28,6 +29,12 @@ struct DemoBaseOptions {
 // first_stage_model.*) and OUT/tokenizer/ (vocab.json + merges.txt covering the demo captions'
 // words and the trigger word "ltdemo"). With `diffusers`, the same weights as a diffusers folder.
 // Same seed and arch: the same models in both layouts.
+//
+// Flux: OUT/model.safetensors is a ComfyUI all-in-one checkpoint (model.diffusion_model.* in BFL
+// names with fused qkv, text_encoders.clip_l.transformer.*, text_encoders.t5xxl.transformer.*,
+// vae.* in LDM names), with OUT/tokenizer/ (CLIP vocabulary) and OUT/tokenizer_2/spiece.model (a
+// SentencePiece model trained on the demo words by Debian's spm_train). With `diffusers`: a
+// FluxPipeline folder whose transformer/ is split into two shards with an index.
 void write_demo_base(const std::filesystem::path& out_dir, const DemoBaseOptions& options = {});
 
 }  // namespace lt::train

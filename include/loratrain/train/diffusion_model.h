@@ -32,6 +32,9 @@ class Module;
 namespace lt::lora {
 struct ComponentSpec;
 }
+namespace lt::models {
+enum class WeightQuantization;  // models/layers.h
+}
 
 namespace lt::train {
 
@@ -110,6 +113,12 @@ struct ModelLoadOptions {
   // The low-VRAM path: load only the denoiser now; the VAE and text encoders when first used.
   bool defer_encoders = false;
   bool train_text_encoder = false;                      // text encoders get adapters
+  // train.bypass_guidance_embedding: a guidance-distilled denoiser trains without its guidance
+  // embedding (previews keep it).
+  bool bypass_guidance_embedding = false;
+  // model.assistant_lora_path (resolved): a LoRA applied to the frozen denoiser while training and
+  // switched off in previews (AI Toolkit's assistant adapter); only families that take one accept it.
+  std::optional<std::filesystem::path> assistant_lora;
   ComputeMode compute;
 };
 
@@ -143,9 +152,9 @@ class DiffusionModel {
   virtual void set_compute_mode(const ComputeMode& mode) = 0;
   // Training mode of the denoiser (dropout); previews run it in eval mode (see EvalScope).
   virtual void set_training(bool training) = 0;
-  // The frozen denoiser's Linear weights (and the text encoders' with `text_encoders`) to int8 with
-  // per-channel scales, in place. Returns the bytes released.
-  virtual int64_t quantize_base(bool text_encoders) = 0;
+  // The frozen denoiser's Linear weights (and the text encoders' with `text_encoders`) to one byte
+  // per value (int8 or fp8 e4m3 codes) with per-channel scales, in place. Returns the bytes released.
+  virtual int64_t quantize_base(bool text_encoders, models::WeightQuantization format) = 0;
   // The low-VRAM path: the encoder leaves the device until it is used again.
   virtual void release(Encoder which) = 0;
 };

@@ -24,6 +24,8 @@ std::optional<WeightLayout> detect_vae_layout(const io::SafetensorsFile& file, c
   if (file.contains("first_stage_model.encoder.conv_in.weight") || file.contains("first_stage_model.decoder.conv_in.weight")) {
     return WeightLayout::kLdm;
   }
+  // The LDM names under another root (BFL's ae.safetensors: none; ComfyUI's Flux files: vae.).
+  if (file.contains(prefix + "encoder.down.0.block.0.conv1.weight")) return WeightLayout::kLdm;
   if (file.contains(prefix + "encoder.conv_in.weight") || file.contains(prefix + "decoder.conv_in.weight")) {
     return WeightLayout::kDiffusers;
   }
@@ -71,7 +73,9 @@ size_t load_vae(AutoencoderKLImpl& vae, const io::SafetensorsFile& file, LoadOpt
   if (*layout == WeightLayout::kDiffusers) return load_state_dict(vae, file, options);
 
   TORCH_CHECK(!options.rename, "load_vae: the LDM layout brings its own key map");
-  const KeyMap map = vae_ldm_key_map(vae.config);
+  const bool sd_root = file.contains("first_stage_model.encoder.conv_in.weight") ||
+                       file.contains("first_stage_model.decoder.conv_in.weight");
+  const KeyMap map = vae_ldm_key_map(vae.config, sd_root ? "first_stage_model." : options.prefix);
   // Older LDM files store the mid attention projections as 1x1 convs [C, C, 1, 1]: those are
   // loaded below, reshaped, after the strict pass has checked everything else.
   std::vector<std::pair<std::string, std::string>> conv_shaped;  // (file key, module key)

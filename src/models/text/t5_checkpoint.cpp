@@ -77,10 +77,10 @@ T5Config detect_t5_config(const io::SafetensorsFile& file, const std::string& ro
   }
 }
 
-T5EncoderModel load_t5_encoder(const io::SafetensorsFile& file, const std::string& root,
-                               std::optional<at::ScalarType> dtype, std::optional<T5Config> config) {
-  const T5Config c = config ? *config : detect_t5_config(file, root);
-  const at::ScalarType compute = dtype.value_or(at::kFloat);
+namespace {
+
+// The encoder built in the compute dtype, with `wo` in fp32 for fp16 (see the header).
+T5EncoderModel make_t5_encoder(const T5Config& c, at::ScalarType compute) {
   T5EncoderModel model{nullptr};
   {
     DefaultDtypeGuard guard(compute);
@@ -92,9 +92,23 @@ T5EncoderModel load_t5_encoder(const io::SafetensorsFile& file, const std::strin
       wo.set_data(torch::empty(wo.sizes(), wo.options().dtype(at::kFloat)));
     }
   }
+  return model;
+}
+
+LoadOptions encoder_load_options(const io::SafetensorsFile& file, const std::string& root) {
   LoadOptions options = t5_load_options(file, root);
   const auto tied = options.rename;
   options.rename = [tied](const std::string& key) { return is_not_encoder(key) ? std::string() : tied(key); };
+  return options;
+}
+
+}  // namespace
+
+T5EncoderModel load_t5_encoder(const io::SafetensorsFile& file, const std::string& root,
+                               std::optional<at::ScalarType> dtype, std::optional<T5Config> config) {
+  const T5Config c = config ? *config : detect_t5_config(file, root);
+  T5EncoderModel model = make_t5_encoder(c, dtype.value_or(at::kFloat));
+  LoadOptions options = encoder_load_options(file, root);
   apply_scaled_fp8(options, read_scaled_fp8(file, root));
   load_state_dict(*model, file, options);  // each tensor converted to its parameter's dtype
   model->eval();
@@ -105,15 +119,28 @@ T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) {
     const fs::path config = path / "config.json";
-    const fs::path weights = path / "model.safetensors";
-    if (!fs::exists(config) || !fs::exists(weights)) {
-      throw InputError(path.string() + ": not a T5 encoder folder; expected config.json and model.safetensors" +
-                       std::string(fs::exists(path / "model.safetensors.index.json")
-                                       ? " (this folder holds a sharded checkpoint: model.safetensors.index.json)"
-                                       : ""));
+    if (!fs::exists(config)) {
+      throw InputError(path.string() + ": not a T5 encoder folder; expected config.json and model.safetensors "
+                       "(or a sharded checkpoint's model.safetensors.index.json)");
     }
-    auto file = io::SafetensorsFile::open(weights);
-    return load_t5_encoder(*file, "", dtype, T5Config::from_file(config));
+    // One file or the shards (FLUX.1's text_encoder_2/ holds two) with their index.
+    const auto files = open_component_weights(path);
+    if (files.size() == 1) return load_t5_encoder(*files[0], "", dtype, T5Config::from_file(config));
+    T5EncoderModel model = make_t5_encoder(T5Config::from_file(config), dtype.value_or(at::kFloat));
+    // Where shared.weight is stored decides how the tied copy is read, as for one file.
+    const io::SafetensorsFile* with_shared = files[0].get();
+    for (const auto& f : files) {
+      if (f->contains(kT5SharedEmbeddingKey)) with_shared = f.get();
+    }
+    LoadOptions options = encoder_load_options(*with_shared, "");
+    for (const auto& f : files) {
+      if (!read_scaled_fp8(*f, "").empty()) {
+        throw InputError(f->path().string() + ": a sharded T5 checkpoint with scaled fp8 weights is not supported");
+      }
+    }
+    load_state_dict_sharded(*model, files, options);
+    model->eval();
+    return model;
   }
   if (!fs::is_regular_file(path)) {
     throw InputError(path.string() + ": T5 encoder path does not exist (a transformers folder with config.json + "

@@ -27,7 +27,8 @@ std::optional<WeightLayout> detect_vae_layout(const io::SafetensorsFile& file, c
 // and its key map (options.rename must be empty). Returns the number of tensors loaded.
 size_t load_unet(UNet2DConditionModelImpl& unet, const io::SafetensorsFile& file, LoadOptions options = {});
 
-// As load_unet for the VAE (LDM: first_stage_model.*, with the mid attention's 1x1-conv weights
+// As load_unet for the VAE (LDM: first_stage_model.*, or LDM names under `options.prefix` as in
+// BFL's ae.safetensors and ComfyUI's Flux files' vae.*, with the mid attention's 1x1-conv weights
 // reshaped to Linear weights at load time).
 size_t load_vae(AutoencoderKLImpl& vae, const io::SafetensorsFile& file, LoadOptions options = {});
 
