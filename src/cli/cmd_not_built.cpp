@@ -23,8 +23,4 @@ void add_plan_command(CLI::App& app, Action& chosen) {
   add_not_built(app, chosen, "plan", "Predict peak memory per phase for a config (not available yet)");
 }
 
-void add_sample_command(CLI::App& app, Action& chosen) {
-  add_not_built(app, chosen, "sample", "Generate images with a trained LoRA (not available yet)");
-}
-
 }  // namespace lt::cli
