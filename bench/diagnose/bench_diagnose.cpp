@@ -18,6 +18,14 @@
 
 namespace {
 
+// User + system CPU seconds of this process so far: on a shared machine the wall time also counts
+// the time other processes held the cores.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
+}
+
 long peak_rss_kib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -66,15 +74,18 @@ int main(int argc, char** argv) {
   write_log(path, static_cast<size_t>(mb * 1e6));
   auto size = std::filesystem::file_size(path);
   long rss_before = peak_rss_kib();
+  const double cpu0 = cpu_seconds();
   auto t0 = std::chrono::steady_clock::now();
   lt::diagnose::Diagnosis d = lt::diagnose::diagnose_path(path.string());
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = cpu_seconds() - cpu0;
   long rss_after = peak_rss_kib();
   std::filesystem::remove(path);
   std::printf("log: %.1f MB, %lld lines\n", size / 1e6, static_cast<long long>(d.lines));
   std::printf("diagnose: %.3f s (%.0f MB/s)  verdict: %s, phase %s, step %lld\n", s, size / 1e6 / s,
               lt::diagnose::cause_name(d.cause), lt::diagnose::phase_name(d.phase),
               static_cast<long long>(d.step.value_or(-1)));
+  std::printf("cpu: %.3f s (user + system)\n", cpu);
   std::printf("peak RSS: %.1f MiB before, %.1f MiB after (growth %.1f MiB)\n", rss_before / 1024.0,
               rss_after / 1024.0, (rss_after - rss_before) / 1024.0);
   return d.oom ? 0 : 1;

@@ -1,4 +1,4 @@
-// lora-train run config.yaml [--set KEY=VALUE ...] [--resume DIR] [--fresh]
+// lora-train run config.yaml [--set KEY=VALUE ...] [--resume DIR] [--fresh] [--smoke [N] [--junit PATH]]
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "commands.h"
+#include "loratrain/util/error.h"
+#include "loratrain/train/smoke.h"
 #include "loratrain/train/trainer.h"
 
 namespace lt::cli {
@@ -30,6 +32,8 @@ void add_run_command(CLI::App& app, Action& chosen, char** argv) {
     std::vector<std::string> overrides;
     std::string resume;
     bool fresh = false;
+    std::string smoke_steps;  // empty: the default count
+    std::string junit;
   };
   auto args = std::make_shared<Args>();
   sub->add_option("config", args->config, "the job config (YAML)")->required();
@@ -37,10 +41,32 @@ void add_run_command(CLI::App& app, Action& chosen, char** argv) {
   sub->add_option("--resume", args->resume,
                   "resume from this run folder's saved state (default: the config's own run folder, when it has one)");
   sub->add_flag("--fresh", args->fresh, "start from step 0 even when the run folder holds a saved state");
-  sub->callback([&chosen, args, argv] {
-    chosen = [args, argv] {
+  auto* smoke = sub->add_option("--smoke", args->smoke_steps,
+                                 "smoke test for CI: N steps (default 10) at the largest resolution, one preview, one "
+                                 "save into a temporary folder; exit 0 fits unchanged, 3 fits only after the guard "
+                                 "changed something (fixed.yaml written)")
+                     ->expected(0, 1);
+  sub->add_option("--junit", args->junit, "with --smoke: write a JUnit XML file here")->needs(smoke);
+  sub->callback([&chosen, args, argv, smoke] {
+    const bool smoke_run = smoke->count() > 0;
+    chosen = [args, argv, smoke_run] {
       passive_openmp_or_restart(argv);
       train::configure_cpu_threads();
+      if (smoke_run) {
+        if (!args->resume.empty()) throw InputError("--smoke runs in a temporary folder: it cannot --resume");
+        train::SmokeRequest request;
+        request.config_path = args->config;
+        request.overrides = args->overrides;
+        if (!args->smoke_steps.empty()) {
+          const std::string& text = args->smoke_steps;
+          const bool digits = text.size() <= 6 && text.find_first_not_of("0123456789") == std::string::npos;
+          const int n = digits ? std::atoi(text.c_str()) : 0;
+          if (n < 1) throw InputError("--smoke " + args->smoke_steps + ": expected a number of steps (at least 1)");
+          request.steps = n;
+        }
+        if (!args->junit.empty()) request.junit = args->junit;
+        return train::run_smoke(request).exit_code;
+      }
       train::RunRequest request;
       request.config_path = args->config;
       request.overrides = args->overrides;

@@ -347,8 +347,8 @@ const Table<TrainConfig>& train_table() {
     t.push_back(field("unload_text_encoder", &S::unload_text_encoder,
                       "Encode the blank prompt, the trigger word and the sample prompts once, then move the text "
                       "encoders off the GPU. Every image then trains with the trigger word (the blank prompt "
-                      "without one), not its caption, unless text embeddings are cached. Cannot be combined "
-                      "with train_text_encoder.")
+                      "without one), not its caption, as in AI Toolkit, unless cache_text_embeddings is on and "
+                      "captions do not change from step to step. Cannot be combined with train_text_encoder.")
                     .lever());
     t.push_back(field("cache_text_embeddings", &S::cache_text_embeddings,
                       "Turn on cache_text_embeddings for every dataset.")
@@ -692,6 +692,11 @@ const Table<OomGuardConfig>& oom_guard_table() {
                       "After a stable stretch, add back one heavier setting at a time (playbook section 5).")
                     .ours());
     t.push_back(field("scale_up_after", &S::scale_up_after, "Stable steps before each scale-up.").min(1).ours());
+    t.push_back(field("plan", &S::plan,
+                      "Before loading, predict peak memory per phase (lora-train plan); when a VRAM budget is known "
+                      "(simulate_vram, vram_limit or CUDA's free memory) and the config is predicted not to fit, "
+                      "start from the ladder's first rung that fits (planned changes, listed in report.json).")
+                    .ours());
     return t;
   }();
   return t;

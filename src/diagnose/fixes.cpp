@@ -313,6 +313,12 @@ Fix low_vram_fix(const Ctx& c) {
         f.setting = "cache_latents.py --batch_size 1 --vae_tiling --vae_chunk_size 32; cache_text_encoder_outputs.py "
                     "--batch_size 1 with --fp8_llm / --fp8_t5";
         break;
+      // lora-train's cache ladder: the VAE alone on the device; the denoiser is never quantized for
+      // an encoder's failure (src/memory/ladder.cpp).
+      case Vocab::kLoraTrain:
+        f.setting = "model.low_vram: true";
+        f.description = "The VAE alone on the device while it encodes (text encoder off it); exact.";
+        break;
       default: break;
     }
     if (c.v == Vocab::kKohya || c.v == Vocab::kMusubi)

@@ -134,6 +134,9 @@ const std::vector<FamilyMarker>& family_markers() {
       {"lumina", F::kLumina, 4}, {"hidream", F::kHiDream, 4}, {"chroma", F::kChroma, 4},
       {"z-image", F::kZImage, 4}, {"zimage", F::kZImage, 4}, {"z_image", F::kZImage, 4},
       {"cogvideo", F::kCogVideo, 4}, {"mochi", F::kMochi, 4},
+      // lora-train names the family it loaded (src/train/trainer.cpp: "loaded <family> base from").
+      {"loaded sd1 base", F::kSd15, 8}, {"loaded sd2 base", F::kSd15, 8}, {"loaded sdxl base", F::kSdxl, 8},
+      {"loaded flux base", F::kFlux, 8}, {"loaded wan base", F::kWan, 8},
   };
   return table;
 }

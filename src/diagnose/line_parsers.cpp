@@ -473,10 +473,41 @@ void parse_guard_line(AnalyzerState& st, std::string_view low, std::string_view 
   }
   if (contains(low, "gradient_checkpointing: false -> true") || contains(low, "gradient_checkpointing=true"))
     s.gradient_checkpointing = true;
-  if (g.batch) s.batch_size = *g.batch;
+  // The context's batch is the training batch only in a training step (one image while caching,
+  // the previews at once while sampling).
+  if (g.batch && g.phase == "train_step") s.batch_size = *g.batch;
   if (contains(low, "train.batch_size: ") && contains(low, " -> 1")) s.batch_size = 1;
   if (g.frames) s.num_frames = *g.frames;
   if (g.bucket && (!s.max_resolution || *g.bucket > *s.max_resolution)) s.max_resolution = *g.bucket;
+  if (act == std::string_view::npos) return;
+  // The new value of "<key>: <old> -> <new>" in the action, where the action names the key.
+  auto after_arrow = [&](std::string_view key) -> size_t {
+    const size_t k = low.find(key, act);
+    if (k == std::string_view::npos) return std::string_view::npos;
+    const size_t arrow = low.find("-> ", k + key.size());
+    return arrow == std::string_view::npos ? arrow : arrow + 3;
+  };
+  auto new_int = [&](std::string_view key) -> std::optional<int> {
+    const size_t at = after_arrow(key);
+    if (at == std::string_view::npos) return std::nullopt;
+    auto v = int_after(low, at, 2);
+    if (!v || *v < 0 || *v > (int64_t(1) << 30)) return std::nullopt;
+    return static_cast<int>(*v);
+  };
+  if (auto a = new_int("train.gradient_accumulation: ")) s.gradient_accumulation = *a;
+  if (auto f = new_int("datasets.num_frames: ")) s.num_frames = *f;
+  if (auto n = new_int("sample.sample_steps: ")) s.sample_steps = *n;
+  // "sample.width/height: 1024x1024 -> 512x512"
+  if (const size_t at = after_arrow("sample.width/height: "); at != std::string_view::npos) {
+    if (auto w = int_after(low, at, 2)) s.sample_width = static_cast<int>(*w);
+    const size_t x = low.find('x', at);
+    if (x != std::string_view::npos)
+      if (auto h = int_after(low, x + 1, 2)) s.sample_height = static_cast<int>(*h);
+  }
+  // "datasets.resolution: drop 1024 (its images are re-bucketed to 768); buckets [512, 768]"
+  if (const size_t r = low.find("datasets.resolution: ", act); r != std::string_view::npos) {
+    if (const size_t bk = low.find("buckets [", r); bk != std::string_view::npos) apply_settings_summary(s, low.substr(bk));
+  }
 }
 
 bool parse_run_end_line(AnalyzerState& st, std::string_view low, std::string_view text, int64_t line) {

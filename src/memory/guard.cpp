@@ -333,6 +333,12 @@ std::optional<Price> OomGuard::price(size_t index) const {
   return p;
 }
 
+void OomGuard::adopt_planned(const MemorySettings& settings, std::vector<PlannedChangeRecord> changes) {
+  if (settings != settings_) history_.failed.push_back(settings_);
+  settings_ = settings;
+  for (auto& c : changes) planned_.push_back(std::move(c));
+}
+
 std::string OomGuard::summary() const {
   std::string out;
   if (attempts_.empty()) {
@@ -418,6 +424,14 @@ nlohmann::json OomGuard::to_json() const {
                          {"description", s.description},
                          {"reverted", s.reverted}});
   }
+  json planned = json::array();
+  for (const auto& c : planned_) {
+    planned.push_back({{"action", c.action},
+                       {"description", c.description},
+                       {"phase", to_string(c.phase)},
+                       {"predicted_peak_before", c.predicted_before},
+                       {"predicted_peak_after", c.predicted_after}});
+  }
   json start = nullptr;
   if (start_checked_) {
     start = {{"free", start_.at_start.free},
@@ -435,6 +449,7 @@ nlohmann::json OomGuard::to_json() const {
       {"start", start},
       {"outcome", outcome_},
       {"steps_completed", steps_completed_},
+      {"planned_changes", planned},
       {"attempts", attempts},
       {"scale_ups", scale_ups},
       {"initial_settings", history_.initial},

@@ -214,9 +214,9 @@ std::vector<Rung> rungs_for(Phase phase, Classification cls, const Classified& c
                             const MemorySettings& initial) {
   switch (cls) {
     case Classification::load:
-      // The denoiser is quantized only once the VAE is alone on the device and tiled and still
-      // does not fit beside it: then the resident base fills the device, not the VAE's encode.
-      if (phase == Phase::cache) return {chunk_attention, enable_low_vram, tile_vae, quantize_base};
+      // A failure while caching is the VAE's (or the text encoder's): the denoiser is never
+      // quantized for it, which would cost training quality; past the VAE's levers the guard gives up.
+      if (phase == Phase::cache) return {chunk_attention, enable_low_vram, tile_vae};
       if (phase == Phase::baseline_sample) {
         return {chunk_attention, tile_vae, skip_baseline_sample, enable_low_vram, quantize_base};
       }
@@ -264,6 +264,17 @@ Action exhausted(const FailureContext& ctx) {
     need = fmt::format("this step needs more than the device's {}", format_bytes(total));
   } else {
     need = "this step needs more memory than the device has";
+  }
+  if (ctx.phase == Phase::cache) {
+    const std::string what = ctx.where.width > 0
+                                 ? fmt::format("the VAE's encode of one {}x{} image", ctx.where.width, ctx.where.height)
+                                 : std::string("encoding one caption");
+    a.description = fmt::format(
+        "give up: {} does not fit: every encoder lever is used ({}); the denoiser is not quantized for an "
+        "encoder's failure (it would cost training quality); {}: free device memory or use a larger device, lower "
+        "datasets.resolution, or set model.quantize: true yourself if its cost in quality is acceptable",
+        what, summarize(ctx.settings), need);
+    return a;
   }
   a.description = "give up: every memory lever is used (" + summarize(ctx.settings) + "); " + need;
   return a;

@@ -31,6 +31,7 @@
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
+#include "loratrain/plan/plan.h"
 #include "loratrain/playbook/settings.h"
 #include "loratrain/report/run_report.h"
 #include "loratrain/sample/noise.h"
@@ -165,6 +166,7 @@ class Trainer {
   void open_run_folder();
   void load_sampling_model(const std::vector<SampleLoRA>& loras);
   void open_device_memory();
+  void plan_memory();
   void load_model();
   void prepare_data();
   void build_caches();
@@ -190,6 +192,7 @@ class Trainer {
   Conditioning conditioning_for(const data::Batch& batch);
   TextEmbedding cached_text(const std::string& caption);
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
+  bool trains_on_trigger_only() const;
   PhaseContext step_context() const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
@@ -249,6 +252,7 @@ RunResult Trainer::run() {
   StopSignals stop_signals;
   open_run_folder();
   open_device_memory();
+  plan_memory();
   // One seed for everything random in the run (adapter init, noise, data order): runs repeat
   // exactly, and a resumed run restores every generator's state on top.
   torch::manual_seed(seed());
@@ -339,7 +343,7 @@ RunResult Trainer::run() {
     result_.exit_code = give_up(g);
     return result_;
   }
-  if (!guard_->attempts().empty()) {
+  if (!guard_->attempts().empty() || !guard_->planned_changes().empty()) {
     config::write_effective_yaml(playbook::config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
     spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
   }
@@ -464,6 +468,33 @@ void Trainer::open_device_memory() {
   guard_->check_start();
 }
 
+// With a known budget (simulated VRAM, memory.vram_limit, CUDA's free memory), a config the
+// planner predicts not to fit starts from the guard's first rung that does: planned changes, not OOMs.
+void Trainer::plan_memory() {
+  if (memory_->is_host() || !p_->memory.oom_guard.enabled || !p_->memory.oom_guard.plan) return;
+  const int64_t budget = memory_->free_and_total().free;
+  try {
+    const auto planner = plan::Planner::from_config(job_, static_cast<int>(c10::elementSize(dtype_)));
+    const plan::FitResult fitted = plan::fit(*planner, settings_, budget);
+    spdlog::info("plan: predicted peak {} of {} available", format_bytes(fitted.prediction.peak()), format_bytes(budget));
+    if (fitted.changes.empty() || !fitted.fits) {
+      if (!fitted.fits) spdlog::warn("plan: predicted not to fit even with every lever; starting as configured");
+      return;
+    }
+    std::vector<memory::PlannedChangeRecord> records;
+    for (const auto& c : fitted.changes) {
+      spdlog::info("plan: planned change ({} predicted {} -> {}): {}", playbook::to_string(c.phase),
+                   format_bytes(c.peak_before), format_bytes(c.peak_after), c.description);
+      records.push_back({c.kind, c.description, c.phase, c.peak_before, c.peak_after});
+    }
+    guard_->adopt_planned(fitted.settings, std::move(records));
+    settings_ = fitted.settings;
+  } catch (const std::exception& e) {
+    // A prediction is advice: a config the planner cannot read still runs under the guard.
+    spdlog::warn("plan: no prediction ({}); starting as configured", e.what());
+  }
+}
+
 void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
@@ -530,6 +561,7 @@ void Trainer::prepare_data() {
   batch_options_.batch_size = settings_.batch_size;
   batch_options_.seed = seed();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
+  for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();  // planned before the start
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
   noise_rng_ = sample::make_generator(batch_options_.seed);
 }
@@ -564,9 +596,13 @@ void Trainer::build_caches() {
         texts.push_back(prompt.negative);
       }
       text_cache_->build(texts, [this](const std::string& caption) { return cached_text(caption); });
-      if (!dataset_->fixed_captions()) {
-        spdlog::warn("train.unload_text_encoder: captions change from step to step (dropout, shuffling), so every image "
-                     "trains on the trigger word '{}' as AI Toolkit does", dataset_->options().trigger_word);
+      if (trains_on_trigger_only()) {
+        const bool cached = p_->train.cache_text_embeddings || p_->datasets[0].cache_text_embeddings;
+        spdlog::warn("train.unload_text_encoder: {}, so every image trains on the trigger word '{}' (the blank prompt "
+                     "without one), not its caption, as AI Toolkit does{}",
+                     cached ? "captions change from step to step (dropout, shuffling)" : "text embeddings are not cached",
+                     dataset_->options().trigger_word,
+                     cached ? "" : "; set datasets[].cache_text_embeddings: true to train on the captions");
       }
       model_->release(Encoder::text);
       spdlog::info("train.unload_text_encoder: {} texts encoded, text encoders unloaded", text_cache_->memory_entries());
@@ -717,6 +753,15 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
   return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
 }
 
+// AI Toolkit's unload_text_encoder: unless the captions' embeddings are cached (cache_text_embeddings,
+// and captions that do not change from step to step), every image trains on the trigger word (blank
+// without one), encoded once before the encoders left.
+bool Trainer::trains_on_trigger_only() const {
+  if (!p_->train.unload_text_encoder) return false;
+  const bool cached = p_->train.cache_text_embeddings || p_->datasets[0].cache_text_embeddings;
+  return !cached || !dataset_->fixed_captions();
+}
+
 // Captions -> embeddings [B, ...] on the device: from the text cache when there is one (a new
 // caption is encoded and kept), else encoded now (with gradients when the text encoder trains).
 TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) {
@@ -729,11 +774,7 @@ TextEmbedding Trainer::text_on_device(const std::vector<std::string>& captions) 
 Conditioning Trainer::conditioning_for(const data::Batch& batch) {
   Conditioning c;
   std::vector<std::string> captions = batch.captions();
-  if (p_->train.unload_text_encoder && !dataset_->fixed_captions()) {
-    // AI Toolkit's unload_text_encoder: without cacheable captions every image trains on the
-    // trigger word (blank without one), encoded once before the encoders left.
-    captions.assign(captions.size(), dataset_->options().trigger_word);
-  }
+  if (trains_on_trigger_only()) captions.assign(captions.size(), dataset_->options().trigger_word);
   c.text = text_on_device(captions);
   c.guidance = p_->train.cfg_scale;
   for (const auto& item : batch.items) {

@@ -146,7 +146,10 @@ CATCH_TEST_CASE("real CUDA OOMs under memory.vram_limit: the guard recovers and 
   CATCH_REQUIRE(heavy_peak > light_peak + 64 * MiB);
   // Between the two, with room for the allocator's rounding and the cached blocks.
   const int64_t cap = light_peak + (heavy_peak - light_peak) / 3 + 64 * MiB;
-  auto result = run_tiny(root, "capped", 4, heavy, "        vram_limit: " + std::to_string(cap) + "\n");
+  // The planner would start from a fitting rung: off, to watch the guard react to real OOMs.
+  auto capped = heavy;
+  capped.push_back("memory.oom_guard.plan=false");
+  auto result = run_tiny(root, "capped", 4, capped, "        vram_limit: " + std::to_string(cap) + "\n");
   auto report = read_json(root / "capped" / "report.json");
   CATCH_INFO("cap " << cap << "\n" << report.dump(1));
   CATCH_REQUIRE(result.exit_code == 0);

@@ -314,3 +314,23 @@ config:
   YAML::Node f = YAML::LoadFile((dir / "fixed.yaml").string());
   CATCH_CHECK(f["config"]["process"][0]["memory"]["attention_chunk"].as<int>() == 1024);
 }
+
+CATCH_TEST_CASE("lora-train: the family comes from the trainer's own load line", "[diagnose][identify]") {
+  const std::string tail = "W 10:15:20 oom-guard: OOM in phase train_step(step 1, bucket 512x512, batch 4) \xe2\x80\x94 "
+                           "early_steps; action: memory.attention_chunk: 0 -> 1024 (attention 1024 query rows at a time; "
+                           "same results)\n";
+  const std::pair<const char*, ModelFamily> cases[] = {{"sd1", ModelFamily::kSd15}, {"sd2", ModelFamily::kSd15},
+                                                       {"sdxl", ModelFamily::kSdxl}, {"flux", ModelFamily::kFlux},
+                                                       {"wan", ModelFamily::kWan}};
+  const std::string start = "I 10:15:01 lora-train 0.1.0 (LibTorch 2.11.0): run runs/my_lora in /work\n";
+  for (const auto& [name, family] : cases) {
+    const std::string log = start + "I 10:15:05 loaded " + name +
+                            " base from output/base/model.safetensors\n" + tail;
+    Diagnosis d = diagnose_text(log);
+    CATCH_INFO(name);
+    CATCH_CHECK(d.trainer == Trainer::kLoraTrain);
+    CATCH_CHECK(d.family == family);
+  }
+  // Without the load line nothing names a family.
+  CATCH_CHECK(diagnose_text(start + tail).family == ModelFamily::kUnknown);
+}

@@ -244,11 +244,16 @@ CATCH_TEST_CASE("ladder: load, cache and baseline sample each have their own lad
   CATCH_CHECK(load.kinds == std::vector<K>{K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
   CATCH_CHECK(load.last.exit_code() == 3);
   // Caching latents: exact levers first (chunked attention, the VAE alone on the device), then
-  // tiled encode; only when all of them are in effect is the resident denoiser quantized.
-  const Run cache = drive(context(Phase::cache, 0, s));
-  CATCH_CHECK(cache.kinds == std::vector<K>{K::chunk_attention, K::enable_low_vram, K::tile_vae, K::quantize_base,
-                                            K::give_up_exhausted});
-  for (size_t i = 0; i < 3; ++i) CATCH_CHECK(cache.actions[i].settings.quantize == Quantize::none);
+  // tiled encode, then a clear give-up: the denoiser is never quantized for the VAE's failure.
+  FailureContext caching = context(Phase::cache, 0, s);
+  caching.where.width = 160;
+  caching.where.height = 128;
+  const Run cache = drive(caching);
+  CATCH_CHECK(cache.kinds == std::vector<K>{K::chunk_attention, K::enable_low_vram, K::tile_vae, K::give_up_exhausted});
+  for (const Action& a : cache.actions) CATCH_CHECK(a.settings.quantize == Quantize::none);
+  CATCH_CHECK(cache.last.exit_code() == 3);
+  CATCH_CHECK_THAT(cache.last.description, Catch::Contains("one 160x128 image"));
+  CATCH_CHECK_THAT(cache.last.description, Catch::Contains("denoiser is not quantized"));
   // The baseline sample: exact levers, tiled decode, then skip the baseline only, then phase A's
   // low-memory path.
   const Run baseline = drive(context(Phase::baseline_sample, 0, s));

@@ -143,7 +143,7 @@ CATCH_TEST_CASE("chunked (memory-efficient) attention equals plain attention in 
   at::Tensor m0 = vae->encode(img).mean;
   vae->set_attention_query_chunk(7);
   at::Tensor m1 = vae->encode(img).mean;
-  CATCH_CHECK((m0 - m1).abs().max().item<double>() <= 1e-6);
+  CATCH_CHECK((m0 - m1).abs().max().item<double>() <= 1e-6 * std::max(1.0, m0.abs().max().item<double>()));
 }
 
 CATCH_TEST_CASE("chunked attention with gradients: recomputed per chunk, same values and gradients", "[attention]") {

@@ -79,3 +79,61 @@ CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a ti
   CATCH_CHECK(peft);
   CATCH_CHECK(conv);
 }
+
+CATCH_TEST_CASE("train.unload_text_encoder: prompts encoded once, the text encoder unloaded, previews still made",
+                "[train][e2e][aitk]") {
+  const fs::path root = lt::test::scratch_dir("aitk_run_unload");
+  put_in_hub_cache(root / "hub", "stable-diffusion-v1-5/stable-diffusion-v1-5", lt::train::DemoArch::kSD1);
+  lt::data::DemoDataOptions images;
+  images.count = 4;
+  images.size = 64;
+  lt::data::make_demo_dataset(root / "images", images);
+  lt::test::ScopedEnv env;
+  env.set("HF_HUB_CACHE", (root / "hub").string());
+
+  lt::train::RunRequest request;
+  request.config_path = lt::test::source_dir() / "tests" / "config" / "data" / "aitk" / "ui_sd15.yaml";
+  request.overrides = {"datasets.0.folder_path=" + (root / "images").string(),
+                       "device=cpu",
+                       "training_folder=" + root.string(),
+                       "trigger_word=sks",
+                       "train.unload_text_encoder=true",
+                       "train.steps=2",
+                       "save.save_every=2",
+                       "sample.sample_every=2",
+                       "sample.sample_steps=2",
+                       "sample.width=64",
+                       "sample.height=64"};
+  const auto result = lt::train::run_training(request);
+  CATCH_REQUIRE(result.exit_code == 0);
+  const fs::path run = root / "my_first_lora_v1";
+  std::ifstream in(run / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(in)), {});
+  CATCH_INFO(log);
+  CATCH_CHECK(log.find("text encoders unloaded") != std::string::npos);
+  // The UI's bookkeeping keys: listed once, at info level.
+  const std::string ignored = "I accepted for AI Toolkit compatibility, no effect in lora-train (docs/config.md): ";
+  const size_t listed = log.find(ignored);
+  CATCH_CHECK(listed != std::string::npos);
+  CATCH_CHECK(log.find("accepted for AI Toolkit compatibility", listed + ignored.size()) == std::string::npos);
+  // Text embeddings are not cached (the UI writes cache_text_embeddings: false): every image trains
+  // on the trigger word, not its caption, as AI Toolkit does, and the log says so.
+  CATCH_CHECK(log.find("text embeddings are not cached, so every image trains on the trigger word 'sks'") !=
+              std::string::npos);
+  // Previews use the prompts encoded before the unload.
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000002.png"));
+
+  // With cached embeddings of captions that do not change, the captions are trained on.
+  request.overrides.push_back("train.cache_text_embeddings=true");
+  request.overrides.push_back("datasets.0.caption_dropout_rate=0");
+  for (auto& o : request.overrides)
+    if (o.rfind("training_folder=", 0) == 0) o = "training_folder=" + (root / "cached").string();
+  const auto cached = lt::train::run_training(request);
+  CATCH_REQUIRE(cached.exit_code == 0);
+  std::ifstream in2(root / "cached" / "my_first_lora_v1" / "log.txt");
+  const std::string log2((std::istreambuf_iterator<char>(in2)), {});
+  CATCH_INFO(log2);
+  CATCH_CHECK(log2.find("text encoders unloaded") != std::string::npos);
+  CATCH_CHECK(log2.find("trains on the trigger word") == std::string::npos);
+}

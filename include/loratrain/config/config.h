@@ -214,6 +214,7 @@ struct OomGuardConfig {
   int max_attempts = 8;     // rollback actions tried before giving up (exit code 3)
   bool scale_up = false;    // after a stable stretch, add back one heavier setting at a time
   int scale_up_after = 50;  // stable steps before each scale-up
+  bool plan = true;         // start from the planner's first fitting rung when predicted not to fit
 };
 struct MemoryConfig {
   ByteSize simulate_vram;   // CPU only: budgeted allocator throws OOM past this; 0 = off

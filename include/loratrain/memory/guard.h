@@ -85,6 +85,16 @@ struct ScaleUpRecord {
   bool reverted = false;
 };
 
+// A change the planner made before anything was loaded, because the configured settings were
+// predicted not to fit the device (report.json "planned_changes"; not an OOM, not an attempt).
+struct PlannedChangeRecord {
+  std::string action;        // the ladder's ActionKind name
+  std::string description;   // in the config's keys
+  Phase phase = Phase::load;  // the phase predicted over the budget
+  int64_t predicted_before = 0;  // that phase's predicted peak before and after the change
+  int64_t predicted_after = 0;
+};
+
 struct StartCheck {
   FreeTotal at_start;
   int64_t foreign = 0;  // held by something else: total - free - ours
@@ -174,6 +184,10 @@ class OomGuard {
   // A resumed run continues from the settings the interrupted run had reached (the configured
   // ones stay the initial settings that scale-up returns to).
   void adopt(const MemorySettings& settings) { settings_ = settings; }
+  // The run starts from the planner's settings: the ones it replaced count as failed for the
+  // ladder (they were predicted not to fit); the changes are reported, apart from OOM attempts.
+  void adopt_planned(const MemorySettings& settings, std::vector<PlannedChangeRecord> changes);
+  const std::vector<PlannedChangeRecord>& planned_changes() const { return planned_; }
   const MemorySettings& initial_settings() const { return history_.initial; }
   const std::vector<AttemptRecord>& attempts() const { return attempts_; }
   const std::vector<ScaleUpRecord>& scale_ups() const { return scale_ups_; }
@@ -224,6 +238,7 @@ class OomGuard {
   std::vector<AttemptRecord> attempts_;
   std::vector<StepCost> step_costs_;
   std::vector<ScaleUpRecord> scale_ups_;
+  std::vector<PlannedChangeRecord> planned_;
   std::set<ScaleLever> blocked_;
   std::optional<PendingScaleUp> pending_;
   PhasePeaks peaks_;

@@ -1,0 +1,83 @@
+// Inside the planner: what one model family contributes to a prediction. A family adds its own
+// Architecture in one file (family_<name>.cpp) and one line in families.cpp; plan.cpp composes
+// the phases from these numbers and names no family.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "loratrain/playbook/vocabulary.h"
+
+namespace lt::plan {
+
+// Parameter counts (elements) of the frozen base and of the adapter.
+struct Parameters {
+  int64_t denoiser = 0;
+  int64_t denoiser_linear = 0;  // in Linear weights: what model.quantize stores as int8
+  int64_t text_encoders = 0;
+  int64_t vae = 0;
+  // The largest tensor of each component: the loader copies one tensor at a time out of the file.
+  int64_t largest_denoiser_tensor = 0;
+  int64_t largest_text_tensor = 0;
+  int64_t largest_vae_tensor = 0;
+  int64_t adapter = 0;          // LoRA down + up (+ alpha) over every targeted module
+  int64_t adapter_modules = 0;
+};
+
+struct AdapterShape {
+  int linear_rank = 4;
+  int conv_rank = 0;  // 0: no conv adapters
+};
+
+// One shape a phase computes at, in pixels; `batch` counts rows (classifier-free guidance's
+// doubled batch included by the caller).
+struct Shape {
+  int64_t batch = 1;
+  int64_t width = 512;
+  int64_t height = 512;
+  int64_t frames = 1;
+};
+
+struct Compute {
+  int bytes = 4;                // activation element size in the compute dtype
+  bool checkpointing = false;
+  int64_t attention_chunk = 0;  // query rows at a time; 0 = whole sequence
+  bool vae_tiling = false;
+  int threads = 1;              // attention chunks run one head per thread, each with its own block
+  int adapter_rank = 4;         // LoRA's rank-wide intermediates
+};
+
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  virtual Parameters parameters(const AdapterShape& adapter) const = 0;
+  // Bytes the denoiser's forward + backward holds at its peak above the weights (saved tensors,
+  // then the largest gradient buffers of backward).
+  virtual int64_t training_activations(const Shape& s, const Compute& c) const = 0;
+  // One denoiser evaluation without gradients.
+  virtual int64_t inference_activations(const Shape& s, const Compute& c) const = 0;
+  virtual int64_t vae_encode(const Shape& s, const Compute& c) const = 0;
+  virtual int64_t vae_decode(const Shape& s, const Compute& c) const = 0;
+  virtual int64_t text_encode(int64_t batch, const Compute& c) const = 0;
+  // Previews run the denoiser on [uncond, cond] rows at once (classifier-free guidance).
+  virtual bool guidance_doubles_batch() const { return true; }
+  virtual int latent_downscale() const { return 8; }
+  virtual int bucket_divisibility() const { return 16; }  // bucket sides are multiples of this
+};
+
+// Where the shapes come from: a checkpoint on this machine, or nothing (the family's standard config).
+struct ModelSource {
+  playbook::ModelFamily family = playbook::ModelFamily::kUnknown;
+  std::optional<std::filesystem::path> checkpoint;  // single file or diffusers folder
+  std::optional<std::filesystem::path> vae;         // model.vae_path
+};
+
+// The family's architecture; throws lt::InputError for a family without an activation model.
+std::unique_ptr<Architecture> make_architecture(const ModelSource& source);
+
+// families.cpp dispatches to one of these.
+std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source);
+
+}  // namespace lt::plan

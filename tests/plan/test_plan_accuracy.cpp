@@ -1,0 +1,93 @@
+// The planner against real peaks: tiny SD1 runs on the CPU with the counting allocator across
+// batch, bucket, checkpointing, dtype, rank, optimizer and the 8-bit base; every phase a run's
+// report.json has must be predicted within +-15%.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "loratrain/config/config.h"
+#include "loratrain/plan/plan.h"
+#include "loratrain/train/trainer.h"
+#include "loratrain/util/strings.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kTolerance = 0.15;
+
+const std::string kPreviews =
+    "      sample:\n        sample_every: 10\n        width: 64\n        height: 64\n        sample_steps: 2\n"
+    "        prompts:\n          - a red square\n";
+
+struct Case {
+  std::string name;
+  std::vector<std::string> overrides;
+};
+
+}  // namespace
+
+CATCH_TEST_CASE("predicted peaks are within 15% of the measured ones on tiny CPU runs", "[plan][e2e]") {
+  const fs::path root = lt::test::scratch_dir("plan_accuracy");
+  const std::vector<Case> cases = {
+      {"base", {}},
+      {"batch4", {"train.batch_size=4"}},
+      {"bucket128", {"datasets.0.resolution=[64, 128]"}},
+      {"checkpointing", {"train.gradient_checkpointing=true", "train.batch_size=4"}},
+      {"rank32", {"network.linear=32", "network.linear_alpha=32"}},
+      // batch 1: the optimizer's all-or-nothing update, not the activations, makes the step's peak
+      {"rank32_batch1", {"network.linear=32", "network.linear_alpha=32", "train.batch_size=1"}},
+      {"bf16", {"train.dtype=bf16"}},  // fp32 on a CPU without bf16 instructions
+      {"bf16_checkpointing", {"train.dtype=bf16", "train.gradient_checkpointing=true", "datasets.0.resolution=[64, 128]"}},
+      {"attention_chunk", {"memory.attention_chunk=16", "datasets.0.resolution=[128]", "train.batch_size=4"}},
+      {"low_vram", {"model.low_vram=true"}},
+      {"adafactor", {"train.optimizer=adafactor"}},
+      {"adamw8bit", {"train.optimizer=adamw8bit"}},
+      {"int8_base", {"model.quantize=true", "model.qtype=qint8"}},
+  };
+  std::string table = fmt::format("{:<14} {:<16} {:>12} {:>12} {:>8}\n", "case", "phase", "measured", "predicted", "error");
+  int checked = 0;
+  for (const Case& c : cases) {
+    // Ten steps cover an epoch of every case: the run meets its largest bucket, as the plan assumes.
+    const fs::path config = lt::test::write_tiny_config(root, c.name, 10, "", "", kPreviews);
+    std::vector<std::string> overrides = c.overrides;
+    overrides.push_back("train.disable_sampling=false");
+    lt::train::RunRequest request;
+    request.config_path = config;
+    request.overrides = overrides;
+    request.fresh = true;
+    const auto result = lt::train::run_training(request);
+    CATCH_REQUIRE(result.exit_code == 0);
+    std::ifstream in(root / c.name / "report.json");
+    const auto report = nlohmann::json::parse(in);
+
+    const auto job = lt::config::load_config(config, overrides);
+    std::optional<int> bytes;
+    if (lt::config::canonical_dtype(lt::config::the_process(job).train.dtype) == "bf16" &&
+        lt::train::cpu_bf16_instructions().empty()) {
+      bytes = 4;  // the trainer computes in fp32 here
+    }
+    const auto planner = lt::plan::Planner::from_config(job, bytes);
+    const auto prediction = planner->predict(planner->configured());
+    for (const auto& [phase, measured_json] : report.at("peaks").items()) {
+      const int64_t measured = measured_json.at("peak_allocated").get<int64_t>();
+      const auto p = lt::playbook::phase_from_string(phase);
+      CATCH_REQUIRE(p);
+      const int64_t predicted = prediction.at(*p).peak();
+      const double error = double(predicted - measured) / double(measured);
+      table += fmt::format("{:<14} {:<16} {:>12} {:>12} {:>+7.1f}%\n", c.name, phase, lt::format_bytes(measured),
+                           lt::format_bytes(predicted), 100 * error);
+      CATCH_INFO(c.name << " " << phase << ": measured " << measured << ", predicted " << predicted);
+      CATCH_CHECK(std::abs(error) <= kTolerance);
+      ++checked;
+    }
+  }
+  std::cout << table;
+  CATCH_CHECK(checked == 6 * static_cast<int>(cases.size()));  // every phase of every case
+}
