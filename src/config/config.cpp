@@ -292,6 +292,11 @@ void validate(JobConfig& job) {
 
   // Defaults that AI Toolkit derives from other keys.
   NetworkConfig& n = p.network;
+  if (n.lokr_factor == 0) throw error_at(job, "network.lokr_factor", "must be -1 (automatic) or a positive factor, not 0");
+  if ((n.type == "lokr" || n.type == "loha") && p.save.save_format == "peft")
+    throw error_at(job, "save.save_format",
+                   "the PEFT/diffusers layout holds LoRA adapters only; network.type " + n.type +
+                       " is saved with save_format: safetensors (the LyCORIS keys ComfyUI and A1111/Forge load)");
   if (!n.linear_alpha) n.linear_alpha = n.alpha;
   if (n.conv && !n.conv_alpha) n.conv_alpha = static_cast<double>(*n.conv);
   if (!t.unet_lr) t.unet_lr = t.lr;

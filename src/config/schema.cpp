@@ -40,9 +40,11 @@ const Table<NetworkConfig>& network_table() {
   static const Table<NetworkConfig> t = [] {
     using S = NetworkConfig;
     Table<S> t;
-    t.push_back(field("type", &S::type, "Adapter kind: lora (Linear layers) or locon (also Conv layers, rank `conv`).")
-                    .one_of({"lora", "locon"})
-                    .not_yet({"lokr", "lorm", "lycoris", "loha"})
+    t.push_back(field("type", &S::type,
+                      "Adapter kind: lora (Linear layers), locon (also Conv layers, rank `conv`), lokr (LyCORIS "
+                      "Kronecker product) or loha (LyCORIS Hadamard product of two low-rank pairs).")
+                    .one_of({"lora", "locon", "lokr", "loha"})
+                    .not_yet({"lorm", "lycoris"})
                     .normalize(lower_normalize));
     t.push_back(field("linear", &S::linear, "Rank of each Linear adapter. Memory grows with it (a little).")
                     .range(1, 4096)
@@ -69,8 +71,12 @@ const Table<NetworkConfig>& network_table() {
                         "Which modules get adapters."));
     t.push_back(field("transformer_only", &S::transformer_only,
                       "Transformer models: adapt only the transformer blocks, not the embedders and final layers."));
-    t.push_back(not_yet<S>("lokr_full_rank", "boolean", "true", "LoKr only."));
-    t.push_back(not_yet<S>("lokr_factor", "integer", "-1", "LoKr only."));
+    t.push_back(field("lokr_full_rank", &S::lokr_full_rank,
+                      "LoKr: both Kronecker factors are full matrices (rank and alpha unused, scale 1) and Conv "
+                      "layers get adapters too; false: the larger factor is a rank-`linear` pair."));
+    t.push_back(field("lokr_factor", &S::lokr_factor,
+                      "LoKr: the side of the small factor w1 (-1: the most balanced split of each layer).")
+                    .range(-1, 65536));
     t.push_back(not_yet<S>("old_lokr_format", "boolean", "false", "LoKr only."));
     t.push_back(not_yet<S>("split_multistage_loras", "boolean", "true", "Wan 2.2 MoE: one file per expert."));
     t.push_back(not_yet<S>("layer_offloading", "boolean", "false", "Offload adapter layers to the CPU."));

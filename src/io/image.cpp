@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -462,17 +463,67 @@ void append_to_string(void* context, void* data, int size) {
 }
 }  // namespace
 
-std::string encode_png(const Image& image) {
+namespace {
+// PNG's chunk CRC (ISO 3309 / zlib crc32) over the chunk type and data.
+uint32_t png_crc(const std::string& data) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t n = 0; n < 256; ++n) {
+      uint32_t c = n;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+      t[n] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xffffffffu;
+  for (unsigned char b : data) c = table[(c ^ b) & 0xff] ^ (c >> 8);
+  return c ^ 0xffffffffu;
+}
+}  // namespace
+
+std::string encode_png(const Image& image, const PngText& text) {
   if (image.empty()) throw Error(ExitCode::kRuntime, "encode_png: empty image");
   std::string out;
   if (!stbi_write_png_to_func(append_to_string, &out, image.width, image.height, 3,
                               image.pixels.data(), image.width * 3))
     throw Error(ExitCode::kRuntime, "encode_png: stb_image_write failed");
+  if (text.empty()) return out;
+  // The chunks go right after IHDR (8-byte signature + 25-byte IHDR chunk).
+  std::string chunks;
+  for (const auto& [keyword, value] : text) {
+    if (keyword.empty() || keyword.size() > 79) throw Error(ExitCode::kRuntime, "encode_png: bad tEXt keyword");
+    const std::string body = "tEXt" + keyword + '\0' + value;
+    const uint32_t length = static_cast<uint32_t>(body.size() - 4);
+    const uint32_t crc = png_crc(body);
+    for (int shift = 24; shift >= 0; shift -= 8) chunks += static_cast<char>((length >> shift) & 0xff);
+    chunks += body;
+    for (int shift = 24; shift >= 0; shift -= 8) chunks += static_cast<char>((crc >> shift) & 0xff);
+  }
+  out.insert(33, chunks);
   return out;
 }
 
-void write_png(const fs::path& path, const Image& image) {
-  write_file_atomic(path, encode_png(image));
+PngText read_png_text(const std::string& bytes) {
+  PngText text;
+  size_t at = 8;
+  while (at + 12 <= bytes.size()) {
+    uint32_t length = 0;
+    for (int k = 0; k < 4; ++k) length = (length << 8) | static_cast<uint8_t>(bytes[at + k]);
+    if (at + 12 + length > bytes.size()) break;
+    const std::string type = bytes.substr(at + 4, 4);
+    if (type == "tEXt") {
+      const std::string body = bytes.substr(at + 8, length);
+      const size_t nul = body.find('\0');
+      if (nul != std::string::npos) text.emplace_back(body.substr(0, nul), body.substr(nul + 1));
+    }
+    if (type == "IEND") break;
+    at += 12 + length;
+  }
+  return text;
+}
+
+void write_png(const fs::path& path, const Image& image, const PngText& text) {
+  write_file_atomic(path, encode_png(image, text));
 }
 
 Image make_grid(const std::vector<Image>& images, int columns, int padding, uint8_t background) {

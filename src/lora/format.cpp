@@ -22,6 +22,10 @@ constexpr const char* kAlpha = ".alpha";
 constexpr const char* kA = ".lora_A.weight";
 constexpr const char* kB = ".lora_B.weight";
 constexpr const char* kAdapterMetadata = "lora_adapter_metadata";
+// LyCORIS' LoKr and LoHa weights, as ComfyUI and A1111/Forge read them (no ".weight" suffix).
+constexpr const char* kProductParts[] = {"lokr_w1",   "lokr_w1_a", "lokr_w1_b", "lokr_w2",   "lokr_w2_a", "lokr_w2_b",
+                                         "lokr_t2",   "hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b", "hada_t1",
+                                         "hada_t2"};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -60,6 +64,32 @@ std::optional<double> peft_alpha(const nlohmann::json& meta, const std::string& 
   return std::nullopt;
 }
 
+// The LoKr/LoHa part a key names ("<stem>.lokr_w1" -> "lokr_w1"), or empty.
+std::string product_part(const std::string& key) {
+  for (const char* part : kProductParts) {
+    if (ends_with(key, std::string(".") + part)) return part;
+  }
+  return "";
+}
+
+std::vector<int64_t> part_shape(const LoRAFileModule& m, const std::string& part) {
+  auto it = m.parts.find(part);
+  return it == m.parts.end() ? std::vector<int64_t>{} : it->second;
+}
+
+// The rank ComfyUI and A1111 divide alpha by: LoHa's pair rank; LoKr's decomposed factor's
+// (w2 wins), 0 when both factors are full matrices (then alpha is not used).
+int64_t product_rank(const LoRAFileModule& m) {
+  if (m.type == AdapterType::LoHa) {
+    const auto b = part_shape(m, "hada_w1_b");
+    return b.empty() ? 0 : b[0];
+  }
+  const auto w2b = part_shape(m, "lokr_w2_b");
+  if (!w2b.empty()) return w2b[0];
+  const auto w1b = part_shape(m, "lokr_w1_b");
+  return w1b.empty() ? 0 : w1b[0];
+}
+
 }  // namespace
 
 std::string kohya_name(const std::string& kohya_prefix, const std::string& module_path) {
@@ -75,7 +105,7 @@ std::string peft_name(const std::string& peft_prefix, const std::string& module_
 std::optional<LoRAFormat> detect_lora_format(const io::SafetensorsFile& file) {
   bool peft = false;
   for (const auto& t : file.tensors()) {
-    if (ends_with(t.name, kDown) || ends_with(t.name, kUp)) return LoRAFormat::Kohya;
+    if (ends_with(t.name, kDown) || ends_with(t.name, kUp) || !product_part(t.name).empty()) return LoRAFormat::Kohya;
     if (ends_with(t.name, kA) || ends_with(t.name, kB)) peft = true;
   }
   if (peft) return LoRAFormat::PEFT;
@@ -110,6 +140,10 @@ std::vector<LoRAFileModule> read_lora_modules(const io::SafetensorsFile& file) {
       entry(t.name.substr(0, t.name.size() - down.size())).down_shape = t.shape;
     } else if (ends_with(t.name, up)) {
       entry(t.name.substr(0, t.name.size() - up.size())).up_shape = t.shape;
+    } else if (const std::string part = kohya ? product_part(t.name) : ""; !part.empty()) {
+      LoRAFileModule& m = entry(t.name.substr(0, t.name.size() - part.size() - 1));
+      m.type = part.compare(0, 4, "hada") == 0 ? AdapterType::LoHa : AdapterType::LoKr;
+      m.parts[part] = t.shape;
     } else if (kohya && ends_with(t.name, kAlpha)) {
       entry(t.name.substr(0, t.name.size() - std::string(kAlpha).size())).alpha =
           file.load(t.name, at::kFloat).reshape({}).item<double>();
@@ -126,6 +160,29 @@ std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFil
   const auto format = detect_lora_format(file);
   std::map<std::string, ModuleDims> dims;
   for (const auto& m : read_lora_modules(file)) {
+    if (m.type != AdapterType::LoRA) {
+      ModuleDims d;
+      d.type = m.type;
+      d.rank = product_rank(m);
+      d.alpha = m.alpha.value_or(static_cast<double>(d.rank));
+      if (m.type == AdapterType::LoKr) {
+        const auto w1 = part_shape(m, "lokr_w1"), w1a = part_shape(m, "lokr_w1_a"), w1b = part_shape(m, "lokr_w1_b");
+        if (w1.size() >= 2) {
+          d.lokr.out_l = w1[0];
+          d.lokr.in_m = w1[1];
+        } else if (w1a.size() == 2 && w1b.size() == 2) {
+          d.lokr.out_l = w1a[0];
+          d.lokr.in_m = w1b[1];
+          d.lokr.w1_rank = w1b[0];
+        } else {
+          continue;  // no w1: inspect reports it, loading reports the module missing
+        }
+        const auto w2b = part_shape(m, "lokr_w2_b");
+        if (!w2b.empty()) d.lokr.w2_rank = w2b[0];
+      }
+      dims[m.stem] = d;
+      continue;
+    }
     if (m.down_shape.empty()) continue;
     std::string name;
     if (*format == LoRAFormat::Kohya) {
@@ -137,7 +194,10 @@ std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFil
       if (name.empty()) continue;
     }
     const int64_t rank = m.down_shape[0];
-    dims[name] = ModuleDims{rank, m.alpha.value_or(static_cast<double>(rank))};
+    ModuleDims d;
+    d.rank = rank;
+    d.alpha = m.alpha.value_or(static_cast<double>(rank));
+    dims[name] = d;
   }
   return dims;
 }
@@ -152,10 +212,13 @@ std::vector<std::pair<std::string, at::Tensor>> LoRANetworkImpl::state_dict(LoRA
   out.reserve(modules_.size() * 3);
   for (const auto& m : modules_) {
     if (format == LoRAFormat::Kohya) {
-      out.emplace_back(m->lora_name + kDown, m->lora_down.detach().to(dtype));
-      out.emplace_back(m->lora_name + kUp, m->lora_up.detach().to(dtype));
+      for (const auto& [part, t] : m->file_parts()) out.emplace_back(m->lora_name + "." + part, t.detach().to(dtype));
       out.emplace_back(m->lora_name + kAlpha, torch::full({}, m->alpha, torch::kFloat).to(dtype));
     } else {
+      if (m->type() != AdapterType::LoRA) {
+        throw InputError(std::string("the PEFT/diffusers format holds LoRA adapters only, not ") + to_string(m->type()) +
+                         "; save in the kohya layout (save.save_format: safetensors)");
+      }
       // PEFT has no alpha tensor: fold alpha/rank into lora_B (in fp32, before the cast).
       out.emplace_back(m->peft_name + kA, m->lora_down.detach().to(dtype));
       out.emplace_back(m->peft_name + kB, (m->lora_up.detach() * m->scale()).to(dtype));
@@ -166,11 +229,19 @@ std::vector<std::pair<std::string, at::Tensor>> LoRANetworkImpl::state_dict(LoRA
 
 std::map<std::string, std::string> LoRANetworkImpl::network_metadata(LoRAFormat format) const {
   std::map<std::string, std::string> meta;
-  meta["ss_network_module"] = "networks.lora";
+  const bool lycoris = config_.type != AdapterType::LoRA;
+  // kohya records LyCORIS networks as lycoris.kohya with their algo and options in the args.
+  meta["ss_network_module"] = lycoris ? "lycoris.kohya" : "networks.lora";
   meta["ss_network_dim"] = std::to_string(config_.linear);
   meta["ss_network_alpha"] = float_text(config_.linear_alpha);
   if (config_.dropout > 0.0) meta["ss_network_dropout"] = float_text(config_.dropout);
   nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  if (lycoris) args["algo"] = to_string(config_.type);
+  if (config_.type == AdapterType::LoKr) {
+    args["factor"] = std::to_string(config_.lokr_factor);
+    if (config_.lokr_full_rank) args["full_matrix"] = "True";
+    if (config_.lokr_decompose_both) args["decompose_both"] = "True";
+  }
   if (config_.conv) {
     args["conv_dim"] = std::to_string(*config_.conv);
     args["conv_alpha"] = float_text(config_.conv_alpha.value_or(static_cast<double>(*config_.conv)));
@@ -248,6 +319,21 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
     }
     used.insert(stem);
     const auto& f = it->second;
+    if (m->type() != AdapterType::LoRA || f.type != AdapterType::LoRA) {
+      std::map<std::string, std::vector<int64_t>> mine;
+      for (const auto& [part, t] : m->file_parts()) mine[part] = t.sizes().vec();
+      if (f.type != m->type() || f.parts != mine) {
+        auto text = [](const std::map<std::string, std::vector<int64_t>>& parts) {
+          std::string s;
+          for (const auto& [k, v] : parts) s += (s.empty() ? "" : " ") + k + " " + c10::str(at::IntArrayRef(v));
+          return s.empty() ? std::string("lora") : s;
+        };
+        mismatched.push_back(stem + ": file " + text(f.parts) + ", network " + text(mine));
+        continue;
+      }
+      matches.emplace_back(m.get(), &f);
+      continue;
+    }
     if (f.down_shape != m->lora_down.sizes().vec() || f.up_shape != m->lora_up.sizes().vec()) {
       mismatched.push_back(stem + ": file down " + c10::str(at::IntArrayRef(f.down_shape)) + " up " +
                            c10::str(at::IntArrayRef(f.up_shape)) + ", network down " + c10::str(m->lora_down.sizes()) +
@@ -279,6 +365,12 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
   const std::string down = kohya ? kDown : kA;
   const std::string up = kohya ? kUp : kB;
   for (auto [m, f] : matches) {
+    if (m->type() != AdapterType::LoRA) {
+      for (auto& [part, t] : m->file_parts()) t.copy_(file.load(f->stem + "." + part, at::kFloat).to(t.device()));
+      if (f->alpha) m->alpha = *f->alpha;
+      ++report.loaded;
+      continue;
+    }
     m->lora_down.copy_(file.load(f->stem + down, at::kFloat).to(m->lora_down.device()));
     at::Tensor u = file.load(f->stem + up, at::kFloat).to(m->lora_up.device());
     if (kohya) {
@@ -339,10 +431,36 @@ LoRAFileInfo inspect_lora(const io::SafetensorsFile& file) {
   info.format = *detect_lora_format(file);
   std::set<std::string> dtypes;
   for (const auto& t : file.tensors()) {
-    if (ends_with(t.name, ".weight") && t.name.find(".lora_") != std::string::npos) dtypes.insert(io::dtype_name(t.dtype));
+    if ((ends_with(t.name, ".weight") && t.name.find(".lora_") != std::string::npos) || !product_part(t.name).empty())
+      dtypes.insert(io::dtype_name(t.dtype));
   }
   info.dtype = dtypes.size() == 1 ? *dtypes.begin() : (dtypes.empty() ? "" : "mixed");
   for (const auto& m : modules) {
+    ++info.types[to_string(m.type)];
+    if (m.type != AdapterType::LoRA) {
+      const bool lokr = m.type == AdapterType::LoKr;
+      const bool has_w1 = lokr ? (m.parts.count("lokr_w1") || (m.parts.count("lokr_w1_a") && m.parts.count("lokr_w1_b")))
+                               : (m.parts.count("hada_w1_a") && m.parts.count("hada_w1_b"));
+      const bool has_w2 = lokr ? (m.parts.count("lokr_w2") || (m.parts.count("lokr_w2_a") && m.parts.count("lokr_w2_b")))
+                               : (m.parts.count("hada_w2_a") && m.parts.count("hada_w2_b"));
+      if (!has_w1 || !has_w2) {
+        info.problems.push_back(printable(m.stem) + ": incomplete " + to_string(m.type) + " weights (no " +
+                                (has_w1 ? "w2" : "w1") + ")");
+        --info.types[to_string(m.type)];
+        continue;
+      }
+      ++info.modules;
+      ++info.modules_by_component[m.component];
+      ++info.ranks[product_rank(m)];
+      if (m.alpha) {
+        ++info.alphas[*m.alpha];
+      } else {
+        ++info.modules_without_alpha;
+      }
+      const auto w2 = part_shape(m, "lokr_w2");
+      if (w2.size() == 4 && (w2[2] > 1 || w2[3] > 1)) ++info.conv_modules;
+      continue;
+    }
     if (m.down_shape.empty() || m.up_shape.empty()) {
       info.problems.push_back(printable(m.stem) + ": " + (m.down_shape.empty() ? "no down/A weight" : "no up/B weight"));
       continue;
@@ -374,11 +492,19 @@ std::string describe(const LoRAFileInfo& info) {
     for (const auto& [k, n] : map) s += (s.empty() ? "" : ", ") + printable(fmt_key(k)) + " (" + std::to_string(n) + ")";
     return s;
   };
-  std::string out = fmt::format("LoRA, {} format: {} modules", info.format == LoRAFormat::Kohya ? "kohya" : "PEFT/diffusers",
+  std::string kind;
+  for (const auto& [type, n] : info.types) {
+    if (n == 0) continue;
+    const std::string name = type == "lokr" ? "LoKr" : (type == "loha" ? "LoHa" : "LoRA");
+    kind += (kind.empty() ? "" : " + ") + name;
+  }
+  if (kind.empty()) kind = "LoRA";
+  std::string out = fmt::format("{}, {} format: {} modules", kind, info.format == LoRAFormat::Kohya ? "kohya" : "PEFT/diffusers",
                                 info.modules);
   out += " [" + counts(info.modules_by_component, [](const std::string& k) { return k; }) + "]";
   if (!info.dtype.empty()) out += ", " + info.dtype;
-  out += "\n  rank: " + counts(info.ranks, [](int64_t k) { return std::to_string(k); });
+  // Rank 0: a LoKr module whose factors are both full matrices.
+  out += "\n  rank: " + counts(info.ranks, [](int64_t k) { return k == 0 ? std::string("full") : std::to_string(k); });
   if (!info.alphas.empty()) out += "\n  alpha: " + counts(info.alphas, [](double k) { return float_text(k); });
   if (info.modules_without_alpha > 0) {
     out += fmt::format("\n  {} module(s) without alpha{}", info.modules_without_alpha,

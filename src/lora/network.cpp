@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 
 #include "loratrain/lora/format.h"
 #include "loratrain/models/key_maps.h"
@@ -82,6 +84,54 @@ void freeze(torch::nn::Module& module) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// LoKr factor shapes
+
+const char* to_string(AdapterType type) {
+  switch (type) {
+    case AdapterType::LoKr: return "lokr";
+    case AdapterType::LoHa: return "loha";
+    default: return "lora";
+  }
+}
+
+std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor) {
+  TORCH_CHECK(dimension > 0, "lokr_factorization: dimension must be positive");
+  if (factor > 0 && dimension % factor == 0) {
+    int64_t m = factor, n = dimension / factor;
+    if (m > n) std::swap(m, n);
+    return {m, n};
+  }
+  if (factor < 0) factor = dimension;
+  // Grow m through the divisors while m + n shrinks (the split nearest the square root) and m
+  // stays within the factor.
+  int64_t m = 1, n = dimension;
+  const int64_t length = m + n;
+  while (m < n) {
+    int64_t next_m = m + 1;
+    while (dimension % next_m != 0) ++next_m;
+    const int64_t next_n = dimension / next_m;
+    if (next_m + next_n > length || next_m > factor) break;
+    m = next_m;
+    n = next_n;
+  }
+  if (m > n) std::swap(m, n);
+  return {m, n};
+}
+
+LoKrShape lokr_shape(int64_t out, int64_t in, int64_t rank, int64_t factor, bool full_rank, bool decompose_both) {
+  const auto [in_m, in_n] = lokr_factorization(in, factor);
+  const auto [out_l, out_k] = lokr_factorization(out, factor);
+  LoKrShape s;
+  s.out_l = out_l;
+  s.in_m = in_m;
+  if (!full_rank) {
+    if (decompose_both && 2 * rank < std::max(out_l, in_m)) s.w1_rank = rank;
+    if (2 * rank < std::max(out_k, in_n)) s.w2_rank = rank;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
 // LoRAModule
 
 LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::shared_ptr<LinearImpl>& leaf,
@@ -112,6 +162,169 @@ LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::sh
   create_weights({rank, leaf->in_channels, k, k}, {leaf->out_channels, rank, 1, 1}, leaf->weight);
 }
 
+LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::shared_ptr<LinearImpl>& leaf,
+                               const AdapterOptions& o)
+    : LoRAModuleImpl(std::move(name), std::move(peft), leaf, o, 0) {}
+
+LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::shared_ptr<Conv2dImpl>& leaf,
+                               const AdapterOptions& o)
+    : LoRAModuleImpl(std::move(name), std::move(peft), leaf, o, 0) {}
+
+namespace {
+// The rank an adapter's scale divides by: a LoKr module's decomposed factors' rank (0 when none is).
+int64_t effective_rank(const AdapterOptions& o) {
+  if (o.type != AdapterType::LoKr) return o.rank;
+  return o.lokr.w2_rank > 0 ? o.lokr.w2_rank : o.lokr.w1_rank;
+}
+}  // namespace
+
+template <typename Leaf>
+LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::shared_ptr<Leaf>& leaf,
+                               const AdapterOptions& o, int)
+    : lora_name(std::move(name)),
+      peft_name(std::move(peft)),
+      rank(effective_rank(o)),
+      alpha(o.alpha == 0.0 ? static_cast<double>(effective_rank(o)) : o.alpha),
+      dropout(o.dropout) {
+  TORCH_CHECK(leaf, "adapter module ", lora_name, ": no leaf");
+  int64_t out = 0, in = 0, k = 1;
+  if constexpr (std::is_same_v<Leaf, Conv2dImpl>) {
+    conv_leaf_ = leaf;
+    is_conv_ = true;
+    stride_ = leaf->stride;
+    padding_ = leaf->padding;
+    out = leaf->out_channels;
+    in = leaf->in_channels;
+    k = leaf->kernel_size;
+  } else {
+    linear_leaf_ = leaf;
+    out = leaf->out_features;
+    in = leaf->in_features;
+  }
+  type_ = o.type;
+  if (o.type == AdapterType::LoRA) {
+    if (is_conv_) {
+      create_weights({rank, in, k, k}, {out, rank, 1, 1}, leaf->weight);
+    } else {
+      create_weights({rank, in}, {out, rank}, leaf->weight);
+    }
+    return;
+  }
+  lokr_ = o.lokr;
+  create_product_weights(out, in, k, leaf->weight);
+}
+
+void LoRAModuleImpl::create_product_weights(int64_t out, int64_t in, int64_t k, const at::Tensor& leaf_weight) {
+  leaf_shape_ = leaf_weight.sizes().vec();
+  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(leaf_weight.device());
+  auto add = [&](const std::string& key, std::vector<int64_t> shape) {
+    product_parts_.emplace_back(key, register_parameter(key, torch::empty(shape, opts)));
+    return product_parts_.back().second;
+  };
+  torch::NoGradGuard no_grad;
+  const double a = std::sqrt(5.0);
+  if (type_ == AdapterType::LoHa) {
+    TORCH_CHECK(rank > 0, "LoHa module ", lora_name, ": rank must be positive");
+    // Two low-rank pairs whose elementwise product is the delta; w2_a starts at zero so the
+    // adapted model starts equal to the base, the others random so every factor gets gradient.
+    add("hada_w1_a", {out, rank}).normal_(0.0, 0.1);
+    add("hada_w1_b", {rank, in * k * k}).normal_(0.0, 1.0);
+    add("hada_w2_a", {out, rank}).zero_();
+    add("hada_w2_b", {rank, in * k * k}).normal_(0.0, 1.0);
+    return;
+  }
+  const LoKrShape& s = lokr_;
+  if (s.out_l <= 0 || s.in_m <= 0 || out % s.out_l != 0 || in % s.in_m != 0) {
+    throw InputError("LoKr module " + lora_name + ": w1 [" + std::to_string(s.out_l) + ", " + std::to_string(s.in_m) +
+                     "] does not divide the layer's " + std::to_string(out) + " x " + std::to_string(in) + " weight");
+  }
+  const int64_t out_k = out / s.out_l, in_n = in / s.in_m;
+  // w1 random, w2 (or w2_b) zero: the Kronecker product starts at zero.
+  if (s.w1_rank > 0) {
+    torch::nn::init::kaiming_uniform_(add("lokr_w1_a", {s.out_l, s.w1_rank}), a);
+    torch::nn::init::kaiming_uniform_(add("lokr_w1_b", {s.w1_rank, s.in_m}), a);
+  } else {
+    torch::nn::init::kaiming_uniform_(add("lokr_w1", {s.out_l, s.in_m}), a);
+  }
+  if (s.w2_rank > 0) {
+    torch::nn::init::kaiming_uniform_(add("lokr_w2_a", {out_k, s.w2_rank}), a);
+    add("lokr_w2_b", {s.w2_rank, in_n * k * k}).zero_();
+  } else {
+    std::vector<int64_t> shape = {out_k, in_n};
+    if (is_conv_) shape.insert(shape.end(), {k, k});
+    add("lokr_w2", shape).zero_();
+  }
+}
+
+at::Tensor LoRAModuleImpl::product_weight() const {
+  auto part = [this](const char* key) -> const at::Tensor& {
+    for (const auto& [k, t] : product_parts_) {
+      if (k == key) return t;
+    }
+    throw std::logic_error("adapter module " + lora_name + " has no " + key);
+  };
+  if (type_ == AdapterType::LoHa) {
+    return (part("hada_w1_a").matmul(part("hada_w1_b")) * part("hada_w2_a").matmul(part("hada_w2_b")))
+        .reshape(leaf_shape_);
+  }
+  at::Tensor w1 = lokr_.w1_rank > 0 ? part("lokr_w1_a").matmul(part("lokr_w1_b")) : part("lokr_w1");
+  at::Tensor w2 = lokr_.w2_rank > 0 ? part("lokr_w2_a").matmul(part("lokr_w2_b")) : part("lokr_w2");
+  // kron of [out_l, in_m] and [out_k, in_n * k * k] (or [out_k, in_n, k, k] with w1 widened to
+  // 4-d) lays the output as [out, in * k * k]: the leaf's weight, kernel flattened.
+  if (w2.dim() == 4) w1 = w1.unsqueeze(2).unsqueeze(3);
+  return torch::kron(w1, w2).reshape(leaf_shape_);
+}
+
+at::Tensor LoRAModuleImpl::lokr_delta(const at::Tensor& x) {
+  // kron(w1, w2) is never built: with x's input split as [in_m, in_n], the output [out_l, out_k]
+  // is w1 @ X @ w2^T (Linear), or w2 convolved over each of the in_m channel groups and mixed by
+  // w1 (Conv2d). The work and the saved tensors stay near the size of x and of the output.
+  auto part = [this](const char* key) -> at::Tensor {
+    for (const auto& [k, t] : product_parts_) {
+      if (k == key) return t;
+    }
+    return {};
+  };
+  at::Tensor xf = x.to(torch::kFloat);
+  if (dropout > 0.0 && is_training()) xf = torch::dropout(xf, dropout, /*train=*/true);
+  const double s = multiplier * scale();
+  at::Tensor w1 = lokr_.w1_rank > 0 ? part("lokr_w1_a").matmul(part("lokr_w1_b")) : part("lokr_w1");
+  if (s != 1.0) w1 = w1 * s;  // on the small factor
+  const int64_t in_m = lokr_.in_m, out_l = lokr_.out_l;
+  if (!is_conv_) {
+    const int64_t in = xf.size(-1), in_n = in / in_m;
+    std::vector<int64_t> lead(xf.sizes().begin(), xf.sizes().end() - 1);
+    std::vector<int64_t> split = lead;
+    split.insert(split.end(), {in_m, in_n});
+    at::Tensor h = xf.reshape(split);  // [..., in_m, in_n]
+    if (lokr_.w2_rank > 0) {
+      h = torch::nn::functional::linear(h, part("lokr_w2_b"));  // [..., in_m, r]
+      h = torch::nn::functional::linear(h, part("lokr_w2_a"));  // [..., in_m, out_k]
+    } else {
+      h = torch::nn::functional::linear(h, part("lokr_w2"));    // [..., in_m, out_k]
+    }
+    h = w1.matmul(h);  // [..., out_l, out_k]
+    std::vector<int64_t> out = lead;
+    out.push_back(h.size(-2) * h.size(-1));
+    return h.reshape(out);
+  }
+  const int64_t n = xf.size(0), in_n = xf.size(1) / in_m;
+  at::Tensor w2 = lokr_.w2_rank > 0
+                      ? part("lokr_w2_a").matmul(part("lokr_w2_b")).reshape({-1, in_n, leaf_shape_[2], leaf_shape_[3]})
+                      : part("lokr_w2");
+  at::Tensor h = xf.reshape({n * in_m, in_n, xf.size(2), xf.size(3)});
+  h = torch::conv2d(h, w2, {}, {stride_, stride_}, {padding_, padding_});  // [n * in_m, out_k, H', W']
+  const int64_t out_k = h.size(1), ho = h.size(2), wo = h.size(3);
+  h = h.reshape({n, in_m, out_k * ho * wo});
+  h = torch::matmul(w1, h);  // [n, out_l, out_k * H' * W']
+  return h.reshape({n, out_l * out_k, ho, wo});
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LoRAModuleImpl::file_parts() const {
+  if (type_ != AdapterType::LoRA) return product_parts_;
+  return {{"lora_down.weight", lora_down}, {"lora_up.weight", lora_up}};
+}
+
 // Both leaf kinds: fp32 down/up on the leaf's device, initialised as kohya does.
 void LoRAModuleImpl::create_weights(at::IntArrayRef down_shape, at::IntArrayRef up_shape, const at::Tensor& leaf_weight) {
   TORCH_CHECK(rank > 0, "LoRA module ", lora_name, ": rank must be positive");
@@ -131,6 +344,16 @@ void LoRAModuleImpl::init_weights() {
 }
 
 at::Tensor LoRAModuleImpl::delta(const at::Tensor& x) {
+  if (type_ == AdapterType::LoKr) return lokr_delta(x);
+  if (type_ == AdapterType::LoHa) {
+    at::Tensor xf = x.to(torch::kFloat);
+    if (dropout > 0.0 && is_training()) xf = torch::dropout(xf, dropout, /*train=*/true);
+    // The Hadamard product has no factored form: the layer-sized delta is built (and kept for
+    // backward), as LyCORIS does.
+    const at::Tensor w = product_weight() * (multiplier * scale());
+    return is_conv_ ? torch::conv2d(xf, w, {}, {stride_, stride_}, {padding_, padding_})
+                    : torch::nn::functional::linear(xf, w);
+  }
   // x: [..., in] -> [..., out]; or [N, in, H, W] -> [N, out, H', W'] (the leaf's stride/padding).
   at::Tensor xf = x.to(torch::kFloat);
   at::Tensor lx = is_conv_ ? torch::conv2d(xf, lora_down, {}, {stride_, stride_}, {padding_, padding_})
@@ -144,6 +367,10 @@ at::Tensor LoRAModuleImpl::delta(const at::Tensor& x) {
 }
 
 at::Tensor LoRAModuleImpl::delta_weight(double m) const {
+  if (type_ != AdapterType::LoRA) {
+    torch::NoGradGuard no_grad;
+    return product_weight() * (m * scale());
+  }
   // up [out, rank] @ down [rank, in * k * k] -> the leaf's weight shape.
   at::Tensor w = lora_up.detach().flatten(1).matmul(lora_down.detach().flatten(1));
   return (w * (m * scale())).reshape(leaf_shape_);
@@ -174,6 +401,8 @@ LoRANetworkImpl::LoRANetworkImpl(NetworkConfig config) : config_(std::move(confi
   if (config_.linear <= 0) throw InputError("network.linear (rank) must be positive, got " + std::to_string(config_.linear));
   if (config_.conv && *config_.conv <= 0) throw InputError("network.conv (rank) must be positive, got " + std::to_string(*config_.conv));
   if (config_.dropout < 0.0 || config_.dropout >= 1.0) throw InputError("network.dropout must be in [0, 1)");
+  if (config_.lokr_factor == 0 || config_.lokr_factor < -1)
+    throw InputError("network.lokr_factor must be -1 or positive, got " + std::to_string(config_.lokr_factor));
 }
 
 namespace {
@@ -241,10 +470,24 @@ size_t LoRANetworkImpl::add_component(const ComponentSpec& spec, torch::nn::Modu
         rank = *config_.conv;
         alpha = config_.conv_alpha.value_or(static_cast<double>(*config_.conv));
       }
-      if (rank <= 0) continue;
+      AdapterOptions options;
+      options.type = config_.type;
+      options.rank = rank;
+      options.alpha = alpha;
+      options.dropout = config_.dropout;
+      if (dims != nullptr) {
+        const ModuleDims& d = dims->at(kname);
+        options.type = d.type;
+        options.lokr = d.lokr;
+      } else if (config_.type == AdapterType::LoKr) {
+        const int64_t out = linear ? linear->out_features : conv->out_channels;
+        const int64_t in = linear ? linear->in_features : conv->in_channels;
+        options.lokr = lokr_shape(out, in, rank, config_.lokr_factor, config_.lokr_full_rank, config_.lokr_decompose_both);
+      }
+      const bool full_lokr = options.type == AdapterType::LoKr && options.lokr.w1_rank == 0 && options.lokr.w2_rank == 0;
+      if (rank <= 0 && !full_lokr) continue;
       seen.insert(key);
-      LoRAModule module = linear ? LoRAModule(kname, pname, linear, rank, alpha, config_.dropout)
-                                 : LoRAModule(kname, pname, conv, rank, alpha, config_.dropout);
+      LoRAModule module = linear ? LoRAModule(kname, pname, linear, options) : LoRAModule(kname, pname, conv, options);
       register_module(kname, module);
       modules_.push_back(module);
       module_is_unet_.push_back(spec.is_unet);

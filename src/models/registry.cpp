@@ -206,9 +206,10 @@ bool detect_flux(const io::SafetensorsFile& file, Detection& d) {
 
 Detection detect_checkpoint(const io::SafetensorsFile& file) {
   Detection d;
-  if (any_key(file, ".lora_down.weight") || any_key(file, ".lora_up.weight")) {
+  if (any_key(file, ".lora_down.weight") || any_key(file, ".lora_up.weight") || any_key(file, ".lokr_w") ||
+      any_key(file, ".hada_w")) {
     d.format = KeyFormat::kKohyaLoRA;
-    d.evidence = "keys ending in .lora_down.weight / .lora_up.weight";
+    d.evidence = "keys ending in .lora_down.weight / .lora_up.weight (or LyCORIS .lokr_w* / .hada_w*)";
     d.components = split_components(file, {{"unet", "lora_unet_"}, {"text_encoder", "lora_te"}, {"transformer", "lora_transformer_"}});
     return d;
   }

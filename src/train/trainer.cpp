@@ -23,6 +23,8 @@
 #include "loratrain/data/cache.h"
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/image.h"
+#include "loratrain/io/safetensors.h"
+#include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
@@ -155,11 +157,15 @@ class Trainer {
  public:
   explicit Trainer(const RunRequest& request) : request_(request) {}
   RunResult run();
+  SampleResult sample(const SampleRequest& request);
 
  private:
   RunResult stop(int signal);
   // setup
+  void read_config();     // the config, device, dtype, model options and memory settings
+  void settle_cpu_dtype();  // fp16 / emulated bf16 on the CPU train in fp32
   void open_run_folder();
+  void load_sampling_model(const std::vector<SampleLoRA>& loras);
   void open_device_memory();
   void plan_memory();
   void load_model();
@@ -203,6 +209,7 @@ class Trainer {
   c10::Device device_ = c10::Device(c10::kCPU);
   at::ScalarType dtype_ = at::kFloat;
   ModelLoadOptions model_options_;
+  std::string base_note_;  // how model.name_or_path was resolved, when worth saying
 
   std::unique_ptr<memory::DeviceMemory> memory_;
   std::unique_ptr<memory::OomGuard> guard_;
@@ -369,9 +376,11 @@ RunResult Trainer::stop(int signal) {
   return result_;
 }
 
-void Trainer::open_run_folder() {
-  job_ = config::load_config(request_.config_path, request_.overrides);
-  config::validate_paths(job_);
+void Trainer::read_config() {
+  if (job_.process.empty()) {
+    job_ = config::load_config(request_.config_path, request_.overrides);
+    config::validate_paths(job_);
+  }
   p_ = &config::the_process(job_);
 
   const std::string device = to_lower(p_->device);
@@ -410,16 +419,24 @@ void Trainer::open_run_folder() {
   // checkpoint stops here.
   const ModelFamily family = identify_model(model_options_);
   settings_ = playbook::settings_from_config(*p_, playbook::is_video(family));
-
   run_dir_ = fs::path(p_->training_folder) / job_.name;
+  base_note_ = base.note;
+  if (base.from_hub_cache) base_note_ += (base_note_.empty() ? "" : "; ") + ("from the Hugging Face cache: " + base.path.string());
+}
+
+void Trainer::open_run_folder() {
+  read_config();
   fs::create_directories(run_dir_);
   result_.run_dir = run_dir_;
   log::add_file(run_dir_ / "log.txt");
   spdlog::info("lora-train {} (LibTorch {}): run {} in {}", kVersion, TORCH_VERSION, job_.name, run_dir_.string());
   config::write_effective_yaml(job_, run_dir_ / "config.yaml");
   if (const std::string ignored = config::ignored_keys_summary(job_); !ignored.empty()) spdlog::info("{}", ignored);
-  if (!base.note.empty()) spdlog::info("model.name_or_path: {}", base.note);
-  if (base.from_hub_cache) spdlog::info("model {} from the Hugging Face cache: {}", base.repo_id, base.path.string());
+  if (!base_note_.empty()) spdlog::info("model.name_or_path: {}", base_note_);
+  settle_cpu_dtype();
+}
+
+void Trainer::settle_cpu_dtype() {
   if (device_.is_cpu() && dtype_ == at::kHalf) {
     spdlog::warn("train.dtype fp16 has no CPU kernels in this LibTorch: training in fp32 on the CPU");
     dtype_ = at::kFloat;
@@ -493,11 +510,17 @@ void Trainer::load_model() {
   spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), p_->model.name_or_path);
 
   lora::NetworkConfig net;
+  const std::string& type = p_->network.type;
+  net.type = type == "lokr" ? lora::AdapterType::LoKr : (type == "loha" ? lora::AdapterType::LoHa : lora::AdapterType::LoRA);
+  net.lokr_factor = p_->network.lokr_factor;
+  net.lokr_full_rank = p_->network.lokr_full_rank;
   net.linear = p_->network.linear;
   net.linear_alpha = p_->network.linear_alpha.value_or(p_->network.alpha);
   if (p_->network.conv) net.conv = *p_->network.conv;
   net.conv_alpha = p_->network.conv_alpha;
   net.dropout = p_->network.dropout.value_or(0.0);
+  // AI Toolkit's full-rank LoKr adapts the Conv layers too (it sets every rank to its maximum).
+  if (net.type == lora::AdapterType::LoKr && net.lokr_full_rank && !net.conv) net.conv = net.linear;
   net.only_if_contains = p_->network.network_kwargs.only_if_contains;
   net.ignore_if_contains = p_->network.network_kwargs.ignore_if_contains;
   net.train_unet = p_->train.train_unet;
@@ -506,8 +529,8 @@ void Trainer::load_model() {
   for (const auto& target : model_->lora_targets()) network_->add_component(*target.spec, *target.root);
   network_->to(device_);
   network_->apply_to();
-  spdlog::info("LoRA: {} denoiser and {} text-encoder modules, rank {}, alpha {}", network_->count(true),
-               network_->count(false), net.linear, net.linear_alpha);
+  spdlog::info("{}: {} denoiser and {} text-encoder modules, rank {}, alpha {}", lora::to_string(net.type),
+               network_->count(true), network_->count(false), net.linear, net.linear_alpha);
   if (network_->trainable_parameters().empty()) {
     throw config::error_at(job_, "network", "no module was selected for training (check train_unet, train_text_encoder and "
                                             "network_kwargs)");
@@ -1102,6 +1125,146 @@ void Trainer::refresh_report() {
 RunResult run_training(const RunRequest& request) {
   Trainer trainer(request);
   return trainer.run();
+}
+
+// ---------------------------------------------------------------------------------------------
+// `lora-train sample`
+
+// The base with the files' adapters: the network each file describes (any adapter type), loaded
+// from it. One file stays an adapter, as in training; several are merged into the base weights.
+void Trainer::load_sampling_model(const std::vector<SampleLoRA>& loras) {
+  model_.reset();
+  network_ = lora::LoRANetwork(nullptr);
+  model_options_.defer_encoders = settings_.low_vram;
+  model_options_.compute = compute_mode();
+  model_options_.train_text_encoder = false;
+  model_ = load_diffusion_model(model_options_);
+  spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), model_options_.name_or_path.string());
+  std::vector<lora::ComponentSpec> specs;
+  for (const auto& target : model_->lora_targets()) specs.push_back(*target.spec);
+  for (const auto& lora_file : loras) {
+    auto file = io::SafetensorsFile::open(lora_file.path);
+    const auto dims = lora::module_dims_from_file(*file, specs);
+    lora::LoRANetwork network{lora::NetworkConfig{}};
+    for (const auto& target : model_->lora_targets()) network->add_component(*target.spec, *target.root, &dims);
+    if (network->modules().empty()) {
+      throw InputError(lora_file.path.string() + ": none of its modules belongs to this " +
+                       playbook::to_string(model_->traits().family) + " base");
+    }
+    const auto report = network->load_weights(*file, /*strict=*/false);
+    if (!report.unexpected.empty()) {
+      spdlog::warn("{}: {} module(s) not in this base, left out (first: {})", lora_file.path.string(),
+                   report.unexpected.size(), report.unexpected.front());
+    }
+    network->to(device_);
+    spdlog::info("{}: {} modules, multiplier {}", lora_file.path.string(), report.loaded, lora_file.multiplier);
+    if (loras.size() == 1) {
+      network_ = network;
+      network_->apply_to();
+    } else {
+      network->merge_to(lora_file.multiplier);
+    }
+  }
+  model_->set_training(false);
+}
+
+SampleResult Trainer::sample(const SampleRequest& request) {
+  if (request.config_path) {
+    job_ = config::load_config(*request.config_path, request.overrides);
+  } else {
+    // Without a config: the defaults of a run on `model_path` (AI Toolkit's sample: defaults).
+    // (The dataset is required by the schema and never read here.)
+    std::string path = request.model_path.value_or("").string();
+    for (size_t at = path.find('\''); at != std::string::npos; at = path.find('\'', at + 2)) path.insert(at, "'");
+    const std::string text = "job: extension\nconfig:\n  name: sample\n  process:\n    - type: sd_trainer\n"
+                             "      training_folder: output\n      device: auto\n      model:\n        name_or_path: '" +
+                             path + "'\n      datasets:\n        - folder_path: unused\n";
+    job_ = config::parse_config_text(text, "--model", request.overrides);
+  }
+  read_config();
+  settle_cpu_dtype();
+  open_device_memory();
+  torch::manual_seed(seed());
+  while (auto next = guard_->attempt(Phase::load, {}, [&] { load_sampling_model(request.loras); })) apply(*next);
+
+  // The config's prompts (or --prompt), with --seed / --steps / --multiplier on top.
+  if (!request.prompts.empty()) {
+    p_->sample.prompts = request.prompts;
+    p_->sample.samples.clear();
+  }
+  if (p_->sample.prompts.empty() && p_->sample.samples.empty()) {
+    throw InputError("no prompt to sample: give --prompt or a config with sample.prompts");
+  }
+  if (request.seed) {
+    p_->sample.seed = *request.seed;
+    for (auto& item : p_->sample.samples) item.seed.reset();
+  }
+  if (request.steps) {
+    settings_.sample_steps = static_cast<int>(*request.steps);
+    for (auto& item : p_->sample.samples) item.sample_steps.reset();
+  }
+  std::string loras_text;
+  for (const auto& l : request.loras) {
+    loras_text += fmt::format("{}{} ({})", loras_text.empty() ? "" : ", ", l.path.filename().string(), l.multiplier);
+  }
+  std::vector<io::Image> images;
+  std::vector<sample::SamplePrompt> used;
+  std::vector<std::string> parameters;
+  // The sampling ladder: a failure shrinks the size and steps (preview_prompts() caps the prompts
+  // to the guard's settings) and the whole set is drawn again.
+  while (auto next = guard_->attempt(Phase::sample, {0, settings_.sample_width, settings_.sample_height}, [&] {
+           images.clear();
+           parameters.clear();
+           used = preview_prompts();
+           EvalScope eval(*model_);
+           torch::NoGradGuard no_grad;
+           for (auto& prompt : used) {
+             if (request.multiplier_given) prompt.network_multiplier = request.loras.front().multiplier;
+             guard_->set_context({0, static_cast<int>(prompt.width), static_cast<int>(prompt.height), 1, 1, 0});
+             if (network_) network_->set_multiplier(prompt.network_multiplier);
+             const TextEmbedding negative =
+                 model_->traits().embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
+             const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
+                                                     PreviewOptions{p_->sample.sampler, dtype_, device_});
+             images.push_back(io::tensor_to_image(image));
+             // A1111's "parameters" text: the prompt, then the settings that reproduce the image.
+             parameters.push_back(fmt::format("{}\nNegative prompt: {}\nSteps: {}, Sampler: {}, CFG scale: {}, Seed: {}, "
+                                              "Size: {}x{}, Model: {}, LoRA: {}",
+                                              prompt.text, prompt.negative, prompt.steps, p_->sample.sampler,
+                                              prompt.guidance_scale, prompt.seed, prompt.width, prompt.height,
+                                              model_options_.name_or_path.filename().string(),
+                                              loras_text.empty() ? "none" : loras_text));
+           }
+         })) {
+    apply(*next);
+  }
+
+  SampleResult result;
+  const fs::path folder = request.output_dir.value_or(run_dir_ / "samples_cli");
+  fs::create_directories(folder);
+  for (size_t i = 0; i < images.size(); ++i) {
+    const fs::path path = folder / fmt::format("sample_{:02d}_seed{}.png", i, used[i].seed);
+    io::write_png(path, images[i], {{"parameters", parameters[i]}});
+    result.images.push_back(path);
+  }
+  std::string all;
+  for (const auto& text : parameters) all += (all.empty() ? "" : "\n\n") + text;
+  result.grid = folder / "grid.png";
+  io::write_png(result.grid, io::make_grid(images), {{"parameters", all}});
+  spdlog::info("{} image(s) and a grid in {}", images.size(), folder.string());
+  return result;
+}
+
+SampleResult run_sampling(const SampleRequest& request) {
+  if (request.loras.empty()) throw InputError("give at least one --lora FILE");
+  if (!request.config_path && !request.model_path) throw InputError("give a config (CONFIG.yaml) or --model PATH");
+  for (const auto& lora : request.loras) {
+    if (!fs::is_regular_file(lora.path)) throw InputError(lora.path.string() + ": no such adapter file");
+  }
+  RunRequest run;
+  if (request.config_path) run.config_path = *request.config_path;
+  Trainer trainer(run);
+  return trainer.sample(request);
 }
 
 }  // namespace lt::train

@@ -49,7 +49,7 @@ struct NetworkKwargs {
   std::vector<std::string> ignore_if_contains;  // skip modules whose name contains one of these (wins)
 };
 struct NetworkConfig {
-  std::string type = "lora";                // lora | locon
+  std::string type = "lora";                // lora | locon | lokr | loha
   int linear = 4;                           // rank of Linear adapters (legacy key: rank)
   std::optional<double> linear_alpha;       // resolved by validation: defaults to alpha
   double alpha = 1.0;
@@ -58,6 +58,8 @@ struct NetworkConfig {
   std::optional<double> dropout;
   NetworkKwargs network_kwargs;
   bool transformer_only = true;
+  bool lokr_full_rank = true;               // lokr: both Kronecker factors full matrices
+  int lokr_factor = -1;                     // lokr: w1's side (-1: the most balanced split)
 };
 
 // save: checkpoints of the adapter.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace lt::io {
@@ -71,9 +72,13 @@ at::Tensor image_to_tensor(const Image& image);
 // or device; values are clamped and rounded.
 Image tensor_to_image(const at::Tensor& tensor);
 
-// PNG encoding; write_png writes atomically (temp file + rename).
-std::string encode_png(const Image& image);
-void write_png(const std::filesystem::path& path, const Image& image);
+// PNG encoding; write_png writes atomically (temp file + rename). `text`: tEXt chunks (keyword,
+// Latin-1 text) after the header, e.g. {"parameters", ...} as A1111 writes its generation settings.
+using PngText = std::vector<std::pair<std::string, std::string>>;
+std::string encode_png(const Image& image, const PngText& text = {});
+void write_png(const std::filesystem::path& path, const Image& image, const PngText& text = {});
+// The tEXt chunks of an encoded PNG, in file order.
+PngText read_png_text(const std::string& bytes);
 
 // Lays images out in a grid of `columns` columns (0 = ceil(sqrt(N))), each cell sized to the
 // largest image, `padding` pixels between cells and around the border, filled with `background`.

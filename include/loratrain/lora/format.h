@@ -21,13 +21,17 @@ std::string kohya_name(const std::string& kohya_prefix, const std::string& modul
 // ("unet", "down_blocks.0.attentions.0.proj_in") -> "unet.down_blocks.0.attentions.0.proj_in"
 std::string peft_name(const std::string& peft_prefix, const std::string& module_path);
 
-// Kohya when any key ends in .lora_down.weight / .lora_up.weight, PEFT for .lora_A.weight /
-// .lora_B.weight; nullopt when the file is not a LoRA of either kind.
+// Kohya when any key ends in .lora_down.weight / .lora_up.weight or is a LyCORIS LoKr/LoHa key
+// (.lokr_w1, .lokr_w2(_a/_b), .hada_w1_a ...), PEFT for .lora_A.weight / .lora_B.weight; nullopt
+// when the file is not an adapter of either kind.
 std::optional<LoRAFormat> detect_lora_format(const io::SafetensorsFile& file);
 
 // One module of a LoRA file: its stem (the key before `.lora_down.weight` / `.lora_A.weight`).
 struct LoRAFileModule {
   std::string stem;
+  AdapterType type = AdapterType::LoRA;  // LoKr for lokr_* keys, LoHa for hada_* keys
+  // LoKr / LoHa: key suffix (e.g. "lokr_w1", "hada_w2_b") -> shape.
+  std::map<std::string, std::vector<int64_t>> parts;
   std::string component;           // "unet", "te", "te1", "te2", "te3", "transformer", or the raw prefix
   std::vector<int64_t> down_shape;  // [rank, in(, k, k)]
   std::vector<int64_t> up_shape;    // [out, rank(, 1, 1)]
@@ -45,6 +49,7 @@ std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFil
 
 struct LoRAFileInfo {
   LoRAFormat format = LoRAFormat::Kohya;
+  std::map<std::string, size_t> types;             // "lora" / "lokr" / "loha" -> modules
   size_t modules = 0;
   size_t conv_modules = 0;                         // k x k (k > 1) conv adapters (LoCon)
   std::map<std::string, size_t> modules_by_component;

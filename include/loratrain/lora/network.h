@@ -3,6 +3,15 @@
 //
 //   y = W x + multiplier * (alpha / rank) * up(dropout(down(x)))
 //
+// The same leaves can instead carry LyCORIS' weight-product adapters (AI Toolkit's network.type
+// lokr / loha; the keys ComfyUI and A1111/Forge merge):
+//   LoKr: dW = scale * kron(w1, w2), w1 [out_l, in_m] and w2 [out_k, in_n(, k, k)] with
+//         out = out_l * out_k, in = in_m * in_n; either factor may be the product of a low-rank
+//         pair (w1_a @ w1_b, w2_a @ w2_b). scale = alpha / rank when a factor is decomposed, else 1.
+//   LoHa: dW = (alpha / rank) * (w1_a @ w1_b) * (w2_a @ w2_b) (elementwise), kernels flattened.
+// LoKr's delta(x) runs in factored form (kron(w1, w2) is never built); LoHa's builds dW and runs
+// the leaf's op with it. Both apply dropout to the leaf's input.
+//
 // down: Linear in->rank, or for a conv leaf a Conv2d in->rank with the leaf's kernel, stride and
 // padding (LoCon for 3x3); up: Linear rank->out or a 1x1 Conv2d. Init as kohya/Microsoft LoRA:
 // down kaiming_uniform(a=sqrt(5)), up zeros, so the adapted model starts equal to the base.
@@ -68,8 +77,32 @@ struct ComponentSpec {
   static ComponentSpec text_encoder(int index = 0);
 };
 
+enum class AdapterType { LoRA, LoKr, LoHa };
+const char* to_string(AdapterType type);  // "lora", "lokr", "loha"
+
+// How a LoKr module splits its weight: w1 is [out_l, in_m], w2 [out / out_l, in / in_m(, k, k)];
+// a rank of 0 means the factor is a full matrix, otherwise the product of a rank-r pair.
+struct LoKrShape {
+  int64_t out_l = 1;
+  int64_t in_m = 1;
+  int64_t w1_rank = 0;
+  int64_t w2_rank = 0;
+};
+
+// LyCORIS' factorization(): dimension = m * n with m <= n; with factor > 0 dividing it, m is the
+// factor (swapped when larger); otherwise the most balanced split with m <= factor (-1: any).
+std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor);
+
+// The LoKr split LyCORIS chooses for a leaf with `out` x `in` channels: w1 is decomposed only with
+// decompose_both, a factor only when rank < half its larger side; full_rank decomposes neither.
+LoKrShape lokr_shape(int64_t out, int64_t in, int64_t rank, int64_t factor, bool full_rank, bool decompose_both);
+
 // The `network:` section of the config, in AI Toolkit's vocabulary.
 struct NetworkConfig {
+  AdapterType type = AdapterType::LoRA;
+  int64_t lokr_factor = -1;            // LoKr: the size of w1's sides (-1: the most balanced split)
+  bool lokr_full_rank = false;         // LoKr: both factors full matrices (scale 1)
+  bool lokr_decompose_both = false;    // LoKr: w1 low-rank too (LyCORIS decompose_both)
   int64_t linear = 4;                  // rank of Linear / 1x1 conv adapters
   double linear_alpha = 1.0;           // alpha (0 = rank, i.e. scale 1, as kohya)
   std::optional<int64_t> conv;         // rank of k x k conv adapters (LoCon); nullopt = none
@@ -88,6 +121,17 @@ struct NetworkConfig {
 struct ModuleDims {
   int64_t rank = 0;
   double alpha = 0.0;
+  AdapterType type = AdapterType::LoRA;
+  LoKrShape lokr;  // LoKr only
+};
+
+// What one adapter module is: its kind, rank, alpha and (LoKr) factor split.
+struct AdapterOptions {
+  AdapterType type = AdapterType::LoRA;
+  int64_t rank = 4;
+  double alpha = 0.0;  // 0 = rank
+  double dropout = 0.0;
+  LoKrShape lokr;      // LoKr only; rank is then the decomposed factors' rank (0: none is)
 };
 
 // Mirrors kohya LoRAModule; implements the leaf's Adapter hook.
@@ -97,19 +141,33 @@ class LoRAModuleImpl : public torch::nn::Module, public lt::models::Adapter {
                  const std::shared_ptr<lt::models::LinearImpl>& leaf, int64_t rank, double alpha, double dropout);
   LoRAModuleImpl(std::string lora_name, std::string peft_name,
                  const std::shared_ptr<lt::models::Conv2dImpl>& leaf, int64_t rank, double alpha, double dropout);
+  // Any adapter type (LoRA, LoKr, LoHa) on either leaf kind.
+  LoRAModuleImpl(std::string lora_name, std::string peft_name,
+                 const std::shared_ptr<lt::models::LinearImpl>& leaf, const AdapterOptions& options);
+  LoRAModuleImpl(std::string lora_name, std::string peft_name,
+                 const std::shared_ptr<lt::models::Conv2dImpl>& leaf, const AdapterOptions& options);
 
   // x: the leaf's input ([..., in] or [N, in, H, W], any float dtype) -> fp32 delta of the
   // leaf's output shape: multiplier * scale * up(dropout(down(x))).
   at::Tensor delta(const at::Tensor& x) override;
 
   // The equivalent weight delta in fp32, shaped like the leaf's weight:
-  // multiplier * scale * up @ down (kernels flattened for convs, kohya's convention).
+  // multiplier * scale * up @ down (kernels flattened for convs, kohya's convention), or the
+  // LoKr / LoHa product.
   at::Tensor delta_weight(double multiplier) const;
+
+  // The module's weights under their kohya/LyCORIS key suffixes, in file order:
+  // lora_down.weight, lora_up.weight | lokr_w1 (or lokr_w1_a, lokr_w1_b), lokr_w2 (or _a, _b) |
+  // hada_w1_a, hada_w1_b, hada_w2_a, hada_w2_b.
+  std::vector<std::pair<std::string, at::Tensor>> file_parts() const;
+  AdapterType type() const { return type_; }
+  const LoKrShape& lokr_shape() const { return lokr_; }
 
   void attach();  // sets the leaf's adapter to this module (no-op when the leaf is gone)
   void detach();  // clears it (only if it is still this module)
   bool is_conv() const { return is_conv_; }
-  double scale() const { return alpha / static_cast<double>(rank); }
+  // alpha / rank; 1 for a LoKr module with no decomposed factor (ComfyUI and A1111 ignore its alpha).
+  double scale() const { return rank > 0 ? alpha / static_cast<double>(rank) : 1.0; }
   // The leaf's weight; undefined when the leaf no longer exists.
   at::Tensor base_weight() const;
   std::vector<int64_t> leaf_weight_shape() const { return leaf_shape_; }
@@ -124,8 +182,18 @@ class LoRAModuleImpl : public torch::nn::Module, public lt::models::Adapter {
   at::Tensor lora_up;    // [out, rank] or [out, rank, 1, 1], fp32, registered "lora_up_weight"
 
  private:
+  template <typename Leaf>
+  LoRAModuleImpl(std::string lora_name, std::string peft_name, const std::shared_ptr<Leaf>& leaf,
+                 const AdapterOptions& options, int);
   void create_weights(at::IntArrayRef down_shape, at::IntArrayRef up_shape, const at::Tensor& leaf_weight);
   void init_weights();
+  // LoKr / LoHa weights for a leaf of `out` x `in` channels and kernel k.
+  void create_product_weights(int64_t out, int64_t in, int64_t k, const at::Tensor& leaf_weight);
+  at::Tensor product_weight() const;  // the LoKr/LoHa delta before scaling, leaf-shaped, with grad
+  at::Tensor lokr_delta(const at::Tensor& x);  // LoKr's delta(x) in factored form
+  AdapterType type_ = AdapterType::LoRA;
+  LoKrShape lokr_;
+  std::vector<std::pair<std::string, at::Tensor>> product_parts_;  // LoKr/LoHa weights, file order
   bool is_conv_ = false;
   int64_t stride_ = 1;
   int64_t padding_ = 0;

@@ -40,6 +40,31 @@ struct RunResult {
 
 RunResult run_training(const RunRequest& request);
 
+// `lora-train sample`: images from a base with trained adapters, through the previews' own
+// sampling path (render_preview), with the config's sampler, size, guidance and prompts.
+struct SampleLoRA {
+  std::filesystem::path path;
+  double multiplier = 1.0;
+};
+struct SampleRequest {
+  std::optional<std::filesystem::path> config_path;  // a run config (its model, sample: section)
+  std::optional<std::filesystem::path> model_path;   // --model, without a config
+  std::vector<std::string> overrides;                // --set KEY=VALUE
+  // One file runs as an adapter (the training previews' path: a preview is reproduced exactly);
+  // several are merged into the base weights, each with its multiplier.
+  std::vector<SampleLoRA> loras;
+  bool multiplier_given = false;                     // else a single LoRA uses the prompts' network_multiplier
+  std::vector<std::string> prompts;                  // replace the config's prompts when given
+  std::optional<int64_t> seed;
+  std::optional<int64_t> steps;
+  std::optional<std::filesystem::path> output_dir;   // default: <run folder>/samples_cli
+};
+struct SampleResult {
+  std::vector<std::filesystem::path> images;
+  std::filesystem::path grid;
+};
+SampleResult run_sampling(const SampleRequest& request);
+
 // Sets LibTorch's intra-op threads to the core count (or LT_NUM_THREADS) and OpenBLAS's to the
 // same count: LibTorch runs every matrix product on OpenBLAS's threads.
 void configure_cpu_threads();
