@@ -1,5 +1,7 @@
 // A tiny SD1-architecture base and a generated dataset in a scratch folder, and a config for them.
 #pragma once
+#include <errno.h>  // program_invocation_short_name (glibc)
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,10 +12,14 @@
 
 namespace lt::test {
 
+// One scratch folder per test program: ctest runs several of them at once, and each makes its
+// assets on first use (scratch_dir empties the folder first).
+inline std::string per_program(const std::string& name) { return name + "_" + program_invocation_short_name; }
+
 // Built once per test process (the base and the images do not change between tests).
 inline const std::filesystem::path& tiny_assets() {
   static const std::filesystem::path dir = [] {
-    auto d = scratch_dir("train_assets");
+    auto d = scratch_dir(per_program("train_assets"));
     train::write_demo_base(d / "base");
     data::DemoDataOptions options;
     options.count = 8;
@@ -28,7 +34,7 @@ inline const std::filesystem::path& tiny_assets() {
 // (sdxl-diffusers/), built once per test process, beside the tiny assets' dataset.
 inline const std::filesystem::path& tiny_sdxl() {
   static const std::filesystem::path dir = [] {
-    auto d = scratch_dir("train_sdxl");
+    auto d = scratch_dir(per_program("train_sdxl"));
     train::DemoBaseOptions options;
     options.arch = train::DemoArch::kSDXL;
     train::write_demo_base(d / "sdxl", options);
