@@ -67,8 +67,8 @@ CATCH_TEST_CASE("the demo config is the small CPU run", "[config]") {
   const ProcessConfig& p = the_process(job);
   CATCH_CHECK(p.device == "cpu");
   CATCH_CHECK(p.training_folder == "output");
-  CATCH_CHECK(p.model.name_or_path == "output/demo-shapes-base/model.safetensors");
-  CATCH_CHECK(p.datasets.at(0).folder_path == "output/demo-concept-data");
+  CATCH_CHECK(p.model.name_or_path == "output/demo-base/model.safetensors");
+  CATCH_CHECK(p.datasets.at(0).folder_path == "output/demo-data");
   CATCH_CHECK(p.datasets.at(0).resolution == std::vector<int>{64});
   CATCH_CHECK(p.datasets.at(0).caption_ext == ".txt");  // AI Toolkit adds the dot
   CATCH_CHECK(p.train.batch_size == 2);
