@@ -297,7 +297,7 @@ namespace {
 // LyCORIS' Tucker rebuild: core [r, r, k, k] with the up [r, out] and down [r, in] factors ->
 // [out, in, k, k] (out[p, q] = sum_ij core[i, j] up[i, p] down[j, q]).
 at::Tensor tucker_rebuild(const at::Tensor& core, const at::Tensor& up, const at::Tensor& down) {
-  return torch::einsum("ijkl,jr,ip->prkl", {core, down, up});
+  return torch::einsum("ijkl,jr,ip->prkl", {core, down, up}).contiguous();  // kron() views its inputs
 }
 
 }  // namespace

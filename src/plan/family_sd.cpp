@@ -240,16 +240,40 @@ Parameters SDArchitecture::parameters(const AdapterShape& adapter) const {
   // AI Toolkit's full-rank LoKr adapts the convs too (the trainer sets the conv rank to the linear one).
   const int64_t cr = adapter.conv_rank > 0 ? adapter.conv_rank : (net.type == lora::AdapterType::LoKr && net.lokr_full_rank ? r : 0);
   if (cr > 0) {
-    // ResnetBlock2D conv1/conv2 (3x3) and their time_emb_proj.
-    int64_t prev = ch[0];
+    // kohya's conv targets, walked as the UNet is built: every ResnetBlock2D (3x3 conv1 and conv2 at the
+    // conv rank, its time_emb_proj and a 1x1 conv_shortcut where the channels change at the linear rank),
+    // every Downsample2D / Upsample2D conv.
     const int64_t temb = ch[0] * 4;
+    auto resnet = [&](int64_t in, int64_t out) {
+      add_module(in, out, 3, cr);
+      add_module(out, out, 3, cr);
+      add(temb, out, r);
+      if (in != out) add(in, out, r);
+    };
+    std::vector<int64_t> skips = {ch[0]};
+    int64_t prev = ch[0];
     for (size_t i = 0; i < levels; ++i) {
       for (int64_t k = 0; k < unet_.layers_per_block.at(i); ++k) {
-        add_module(prev, ch[i], 3, cr);
-        add_module(ch[i], ch[i], 3, cr);
-        add(temb, ch[i], r);
+        resnet(prev, ch[i]);
         prev = ch[i];
+        skips.push_back(prev);
       }
+      if (i + 1 < levels) {
+        add_module(prev, prev, 3, cr);  // downsampler
+        skips.push_back(prev);
+      }
+    }
+    resnet(prev, prev);  // mid block
+    resnet(prev, prev);
+    for (size_t j = 0; j < levels; ++j) {
+      const size_t level = levels - 1 - j;
+      for (int64_t k = 0; k <= unet_.layers_per_block.at(level); ++k) {
+        const int64_t skip = skips.back();
+        skips.pop_back();
+        resnet(prev + skip, ch[level]);
+        prev = ch[level];
+      }
+      if (j + 1 < levels) add_module(prev, prev, 3, cr);  // upsampler
     }
   }
   return p;

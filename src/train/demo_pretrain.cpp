@@ -62,11 +62,8 @@ void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions
   for (int step = 0; step < o.vae_steps; ++step) {
     set_lr(optimizer, learning_rate(1e-3, step, o.vae_steps));
     const at::Tensor x = images.index_select(0, batch_indices(rng, images.size(0), o.vae_batch));
-    const auto dist = vae->encode(x);
-    const at::Tensor reconstruction = vae->decode(dist.sample());
-    // A light KL term keeps the posterior's variance small but finite (the trainer may sample it).
-    const at::Tensor kl = 0.5 * (dist.mean.pow(2) + dist.var - 1.0 - dist.logvar).mean();
-    const at::Tensor loss = torch::mse_loss(reconstruction, x) + 1e-4 * kl;
+    // A deterministic autoencoder: the posterior's mean is decoded (its variance is pinned below).
+    const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
@@ -76,6 +73,12 @@ void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions
     }
   }
   vae->eval();
+  // The posterior's log-variance: e^-20, so that a latent sampled from it (as the trainer's latent
+  // cache may do) is its mean.
+  torch::NoGradGuard no_grad;
+  const int64_t c = vae->config.latent_channels;
+  vae->quant_conv->weight.narrow(0, c, c).zero_();
+  vae->quant_conv->bias.narrow(0, c, c).fill_(-20.0);
 }
 
 // Folds a per-channel affine map into quant_conv (and its inverse into post_quant_conv) so that the
@@ -93,7 +96,7 @@ void normalize_latents(models::sd::AutoencoderKL& vae, const at::Tensor& images)
   // quant_conv's first C outputs are the mean, the next C the log-variance (var scales by a^2).
   q->weight.narrow(0, 0, c).mul_(a.view({c, 1, 1, 1}));
   q->bias.narrow(0, 0, c).sub_(mu).mul_(a);
-  q->bias.narrow(0, c, c).add_(2.0 * a.log());
+  q->bias.narrow(0, c, c).add_(2.0 * a.log());  // the (tiny) variance scales with the mean
   // post_quant_conv(z) = W z + b with z = z' / a + mu.
   post->bias.add_(torch::matmul(post->weight.flatten(1), mu));
   post->weight.div_(a.view({1, c, 1, 1}));

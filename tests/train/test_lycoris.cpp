@@ -61,7 +61,7 @@ at::Tensor comfy_merge(const lt::io::SafetensorsFile& file, const std::string& s
   double scale = 1.0;
   // Tucker (CP) form: einsum("i j k l, j r, i p -> p r k l", t, w_b, w_a).
   auto tucker = [](const at::Tensor& t, const at::Tensor& b, const at::Tensor& a) {
-    return torch::einsum("ijkl,jr,ip->prkl", {t, b, a});
+    return torch::einsum("ijkl,jr,ip->prkl", {t, b, a}).contiguous();
   };
   if (get("hada_w1_a").defined()) {
     const at::Tensor w1b = get("hada_w1_b");
