@@ -13,6 +13,7 @@
 #include "loratrain/train/diffusion_model.h"
 #include "loratrain/train/objective.h"
 #include "loratrain/train/trainer.h"
+#include "loratrain/util/error.h"
 #include "test_paths.h"
 
 namespace {
