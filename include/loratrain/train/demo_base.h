@@ -18,9 +18,9 @@ enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell };
 struct DemoPretrainOptions {
   bool enabled = false;
   int images = 512;      // captioned 64x64 shape images (the autoencoder gets as many of its own)
-  int vae_steps = 300;   // batches of vae_batch
+  int vae_steps = 200;   // batches of vae_batch
   int vae_batch = 8;
-  int unet_steps = 600;  // batches of unet_batch
+  int unet_steps = 500;  // batches of unet_batch
   int unet_batch = 16;
 };
 
