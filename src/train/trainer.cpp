@@ -198,6 +198,8 @@ class Trainer {
   PhaseContext step_context() const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
+  // Frames per loaded sample: the guard's num_frames for a video model, 0 (images) otherwise.
+  int clip_frames() const { return model_ && model_->traits().is_video ? settings_.num_frames : 0; }
   bool sampling_due(int64_t step) const;
   bool unscale_gradients();
 
@@ -573,6 +575,7 @@ void Trainer::prepare_data() {
   bucket_options_.enabled = d.buckets;
   batch_options_.batch_size = settings_.batch_size;
   batch_options_.seed = seed();
+  batch_options_.num_frames = clip_frames();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
   for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();  // planned before the start
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
@@ -586,6 +589,7 @@ void Trainer::build_caches() {
     options.in_memory = true;
     options.to_disk = d.cache_latents_to_disk;
     options.model_id = model_->model_id() + "|vae";
+    options.num_frames = clip_frames();
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
     cache_latents();
     // On the low-VRAM path the VAE leaves before the text encoder arrives.
@@ -630,7 +634,8 @@ void Trainer::build_caches() {
 void Trainer::cache_latents() {
   auto generator = sample::make_generator(seed() + 1);
   auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
-    guard_->set_context({0, static_cast<int>(pixels.size(-1)), static_cast<int>(pixels.size(-2)), 1,
+    const int frames = pixels.dim() == 5 ? static_cast<int>(pixels.size(2)) : 1;
+    guard_->set_context({0, static_cast<int>(pixels.size(-1)), static_cast<int>(pixels.size(-2)), frames,
                          static_cast<int>(pixels.size(0)), 0});
     return model_->encode_pixels(pixels, generator).to(at::kCPU);
   });
@@ -753,7 +758,7 @@ PhaseContext Trainer::step_context() const {
   where.height = batch.size.height;
   where.batch = static_cast<int>(batch.items.size());
   where.resolution = batch.resolution;
-  where.frames = 1;
+  where.frames = std::max(clip_frames(), 1);
   return where;
 }
 
@@ -927,8 +932,9 @@ void Trainer::sample_previews(int64_t step) {
       network_->set_multiplier(prompt.network_multiplier);
       const TextEmbedding negative = traits.embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
       const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
-                                              PreviewOptions{p_->sample.sampler, dtype_, device_});
-      images.push_back(io::tensor_to_image(image));
+                                              PreviewOptions{p_->sample.sampler, dtype_, device_, settings_.sample_num_frames});
+      // A video preview [3, F, H, W]: its first frame goes into the PNGs and the grid.
+      images.push_back(io::tensor_to_image(image.dim() == 4 ? image.select(1, 0) : image));
       io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
     }
   }
@@ -1029,7 +1035,14 @@ void Trainer::apply(const MemorySettings& next) {
   if (change.checkpointing) model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   if (change.attention || change.vae_tiling) model_->set_compute_mode(compute_mode());
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
-  if (latent_cache_ && change.buckets) cache_latents();
+  if (change.frames) {
+    // Shorter clips from the next load on (a retried step loads its batch again); cached latents
+    // of the old length are not used again.
+    if (batches_) batches_->set_num_frames(clip_frames());
+    if (latent_cache_) latent_cache_->set_num_frames(clip_frames());
+    spdlog::info("clips: {} frames per sample from now on", clip_frames());
+  }
+  if (latent_cache_ && (change.buckets || change.frames)) cache_latents();
   if (change.quantize) {
     quantize_base();
   }
@@ -1225,8 +1238,8 @@ SampleResult Trainer::sample(const SampleRequest& request) {
              const TextEmbedding negative =
                  model_->traits().embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
              const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
-                                                     PreviewOptions{p_->sample.sampler, dtype_, device_});
-             images.push_back(io::tensor_to_image(image));
+                                                     PreviewOptions{p_->sample.sampler, dtype_, device_, settings_.sample_num_frames});
+             images.push_back(io::tensor_to_image(image.dim() == 4 ? image.select(1, 0) : image));  // a clip's first frame
              // A1111's "parameters" text: the prompt, then the settings that reproduce the image.
              parameters.push_back(fmt::format("{}\nNegative prompt: {}\nSteps: {}, Sampler: {}, CFG scale: {}, Seed: {}, "
                                               "Size: {}x{}, Model: {}, LoRA: {}",
