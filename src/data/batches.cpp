@@ -111,17 +111,12 @@ Batch BatchIterator::next() {
   return b;
 }
 
-at::Tensor load_sample(const Dataset& dataset, size_t image, const Placement& placement, bool flip_x, int num_frames) {
-  at::Tensor pixels = dataset.load_tensor(image, placement, flip_x);  // [3, H, W]
-  return num_frames > 0 ? pixels.unsqueeze(1) : pixels;                // an image is a 1-frame clip
-}
-
 at::Tensor BatchIterator::load_pixels(const Batch& batch) const {
-  std::vector<at::Tensor> samples;
-  samples.reserve(batch.items.size());
+  std::vector<at::Tensor> images;
+  images.reserve(batch.items.size());
   for (const BatchItem& item : batch.items)
-    samples.push_back(load_sample(*dataset_, item.image, item.placement, item.flip_x, options_.num_frames));
-  return torch::stack(samples);  // [B, 3, H, W] or [B, 3, F, H, W]
+    images.push_back(dataset_->load_tensor(item.image, item.placement, item.flip_x));
+  return torch::stack(images);  // [B, 3, H, W]
 }
 
 std::optional<ResolutionDrop> BatchIterator::drop_largest_resolution(int fallback_resolution) {

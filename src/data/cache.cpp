@@ -19,7 +19,7 @@ constexpr const char* kKeyField = "lt_cache_key";
 
 at::Tensor to_cpu_unbatched(at::Tensor t) {
   t = t.detach();
-  if ((t.dim() == 4 || t.dim() == 5) && t.size(0) == 1) t = t.squeeze(0);  // [1, C, (f,) h, w] -> [C, (f,) h, w]
+  if (t.dim() == 4 && t.size(0) == 1) t = t.squeeze(0);  // [1, C, h, w] -> [C, h, w]
   return t.to(torch::kCPU).contiguous();
 }
 
@@ -76,7 +76,6 @@ std::string LatentCache::key(size_t image, const Placement& p, bool flip_x) cons
          "x" + std::to_string(p.scale_to_height) + "|crop=" + std::to_string(p.crop_x) + "," +
          std::to_string(p.crop_y) + "," + std::to_string(p.crop_width) + "x" +
          std::to_string(p.crop_height) + "|flip_x=" + (flip_x ? "1" : "0") +
-         (options_.num_frames > 0 ? "|frames=" + std::to_string(options_.num_frames) : std::string()) +
          "|model=" + options_.model_id;
 }
 
@@ -115,7 +114,7 @@ CacheStats LatentCache::build(const BucketPlan& plan, const LatentEncoder& encod
         }
       }
       if (!have) {
-        at::Tensor pixels = load_sample(*dataset_, e->image, e->placement, e->flip_x, options_.num_frames).unsqueeze(0);
+        at::Tensor pixels = dataset_->load_tensor(e->image, e->placement, e->flip_x).unsqueeze(0);
         at::Tensor latent;
         {
           torch::NoGradGuard no_grad;
@@ -161,7 +160,7 @@ at::Tensor LatentCache::batch(const Batch& b) const {
   std::vector<at::Tensor> latents;
   latents.reserve(b.items.size());
   for (const BatchItem& item : b.items) latents.push_back(get(item));
-  return torch::stack(latents);  // [B, C, h, w] or [B, C, f, h, w]
+  return torch::stack(latents);  // [B, C, h, w]
 }
 
 // ---- text embeddings ----------------------------------------------------------------------------

@@ -474,6 +474,29 @@ void write_wan(const fs::path& out_dir, const DemoBaseOptions& o) {
   models::T5EncoderModel text_encoder(t5);
   models::wan::AutoencoderKLWan vae(vae_config);
 
+  if (o.diffusers) {
+    // A WanPipeline folder (Wan-AI/Wan2.1-T2V-*-Diffusers): diffusers and transformers names.
+    write_component(out_dir / "transformer", diffusers_config(config.to_json()), *transformer,
+                    "diffusion_pytorch_model.safetensors", o.dtype);
+    write_component(out_dir / "vae", diffusers_config(vae_config.to_json()), *vae, "diffusion_pytorch_model.safetensors",
+                    o.dtype);
+    nlohmann::json umt5 = t5.to_json();
+    umt5["architectures"] = {"UMT5EncoderModel"};
+    write_component(out_dir / "text_encoder", umt5, *text_encoder, "model.safetensors", o.dtype);
+    nlohmann::json scheduler = sample::default_scheduler_config("wan");
+    scheduler["_class_name"] = "UniPCMultistepScheduler";
+    fs::create_directories(out_dir / "scheduler");
+    write_json(out_dir / "scheduler" / "scheduler_config.json", diffusers_config(scheduler));
+    write_json(out_dir / "model_index.json", {{"_class_name", "WanPipeline"},
+                                              {"_diffusers_version", "0.38.0"},
+                                              {"transformer", {"diffusers", "WanTransformer3DModel"}},
+                                              {"vae", {"diffusers", "AutoencoderKLWan"}},
+                                              {"text_encoder", {"transformers", "UMT5EncoderModel"}},
+                                              {"tokenizer", {"transformers", "T5TokenizerFast"}},
+                                              {"scheduler", {"diffusers", "UniPCMultistepScheduler"}}});
+    spdlog::info("demo base: WanPipeline diffusers folder {}", out_dir.string());
+    return;
+  }
   Tensors tensors;
   for (auto& [key, value] : models::wan::native_transformer_tensors(*transformer)) tensors.emplace_back(key, stored(value, o.dtype));
   io::save_safetensors(out_dir / "wan2.1_t2v_tiny.safetensors", tensors,
@@ -499,7 +522,7 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   }
   torch::manual_seed(options.seed);
   if (options.arch == DemoArch::kWan21) {
-    if (options.diffusers || options.full_size) throw InputError("demo base: wan21 is written as ComfyUI single files, tiny");
+    if (options.full_size) throw InputError("demo base: wan21 is written tiny only");
     write_wan(out_dir, options);
     return;
   }

@@ -575,7 +575,6 @@ void Trainer::prepare_data() {
   bucket_options_.enabled = d.buckets;
   batch_options_.batch_size = settings_.batch_size;
   batch_options_.seed = seed();
-  batch_options_.num_frames = clip_frames();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
   for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();  // planned before the start
   spdlog::info("dataset: {} images in {}\n{}", dataset_->size(), d.folder_path, batches_->plan().histogram_text());
@@ -589,7 +588,6 @@ void Trainer::build_caches() {
     options.in_memory = true;
     options.to_disk = d.cache_latents_to_disk;
     options.model_id = model_->model_id() + "|vae";
-    options.num_frames = clip_frames();
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
     cache_latents();
     // On the low-VRAM path the VAE leaves before the text encoder arrives.
@@ -1035,14 +1033,7 @@ void Trainer::apply(const MemorySettings& next) {
   if (change.checkpointing) model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   if (change.attention || change.vae_tiling) model_->set_compute_mode(compute_mode());
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
-  if (change.frames) {
-    // Shorter clips from the next load on (a retried step loads its batch again); cached latents
-    // of the old length are not used again.
-    if (batches_) batches_->set_num_frames(clip_frames());
-    if (latent_cache_) latent_cache_->set_num_frames(clip_frames());
-    spdlog::info("clips: {} frames per sample from now on", clip_frames());
-  }
-  if (latent_cache_ && (change.buckets || change.frames)) cache_latents();
+  if (latent_cache_ && change.buckets) cache_latents();
   if (change.quantize) {
     quantize_base();
   }

@@ -173,3 +173,47 @@ CATCH_TEST_CASE("Wan 2.1: incomplete ComfyUI setups get one error naming each mi
   options.vae_path = tiny_wan() / "wan_2.1_vae.safetensors";
   CATCH_CHECK(lt::train::load_diffusion_model(options)->traits().is_video);
 }
+
+CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples (1.3B; 14B with quantize and low_vram) run on a tiny WanPipeline in the "
+                "Hugging Face cache",
+                "[train][e2e][aitk][wan]") {
+  const auto [job, repo] = GENERATE(
+      std::make_tuple(std::string("example_wan21_1b_24gb.yaml"), std::string("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")),
+      std::make_tuple(std::string("example_wan21_14b_24gb.yaml"), std::string("Wan-AI/Wan2.1-T2V-14B-Diffusers")));
+  CATCH_INFO(job);
+  const fs::path root = lt::test::scratch_dir(lt::test::per_program("aitk_" + job.substr(0, job.find('.'))));
+  lt::test::put_in_hub_cache(root / "hub", repo, lt::train::DemoArch::kWan21);
+  lt::data::DemoDataOptions images;
+  images.count = 4;
+  images.size = 64;
+  lt::data::make_demo_dataset(root / "images", images);
+  ::setenv("HF_HUB_CACHE", (root / "hub").string().c_str(), 1);
+
+  lt::train::RunRequest request;
+  request.config_path = lt::test::source_dir() / "tests" / "config" / "data" / "aitk" / job;
+  // The paths and the device, as a user changes them; the rest keeps the test short (the
+  // example's 632 px buckets and 832x480x40 previews become 64 px and 64x64x5).
+  request.overrides = {"datasets.0.folder_path=" + (root / "images").string(),
+                       "device=cpu",
+                       "training_folder=" + root.string(),
+                       "datasets.0.resolution=[64]",
+                       "train.steps=3",
+                       "save.save_every=2",
+                       "sample.sample_every=3",
+                       "sample.sample_steps=2",
+                       "sample.width=64",
+                       "sample.height=64",
+                       "sample.num_frames=5"};
+  const auto result = lt::train::run_training(request);
+  ::unsetenv("HF_HUB_CACHE");
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 3);
+  const std::string name = job.find("14b") != std::string::npos ? "my_first_wan21_14b_lora_v1" : "my_first_wan21_1b_lora_v1";
+  const fs::path run = root / name;
+  CATCH_CHECK(fs::exists(run / (name + "_000000002.safetensors")));
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000003.png"));
+  auto lora = lt::io::SafetensorsFile::open(run / (name + ".safetensors"));
+  // The examples save in the default layout: musubi/ComfyUI names, rank 32.
+  CATCH_CHECK(lora->contains("diffusion_model.blocks.0.self_attn.q.lora_down.weight"));
+  CATCH_CHECK(lora->info("diffusion_model.blocks.0.self_attn.q.lora_down.weight").shape[0] == 32);
+}

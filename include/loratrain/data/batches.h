@@ -25,10 +25,6 @@ struct BatchOptions {
   int batch_size = 1;
   uint64_t seed = 42;
   bool pad_short_batches = true;  // AI Toolkit; false = kohya (the last batch may be short)
-  // Video models: the clip length loaded per sample (datasets[].num_frames, or less when the OOM
-  // guard reduced it); pixels come as clips [B, 3, F, H, W], images as 1-frame clips. 0: images
-  // [B, 3, H, W] (image models).
-  int num_frames = 0;
 };
 
 struct BatchPosition {
@@ -53,10 +49,6 @@ struct Batch {
   std::vector<std::string> captions() const;
 };
 
-// One sample's pixels: [3, H, W] with num_frames 0, else a clip [3, F, H, W] (an image is a
-// 1-frame clip). The one place the batches and the latent cache read a sample from the dataset.
-at::Tensor load_sample(const Dataset& dataset, size_t image, const Placement& placement, bool flip_x, int num_frames);
-
 class BatchIterator {
  public:
   // `dataset` must outlive the iterator; the plan is copied (drop_largest_resolution changes it).
@@ -75,11 +67,8 @@ class BatchIterator {
   void advance();  // to the next batch, rolling over into the next epoch
   Batch next();    // current(), then advance()
 
-  // Pixels [B, 3, H, W] float32 in [-1, 1] for the batch (decoded, resized, flipped, cropped);
-  // [B, 3, F, H, W] with options().num_frames > 0.
+  // Pixels [B, 3, H, W] float32 in [-1, 1] for the batch (decoded, resized, flipped, cropped).
   at::Tensor load_pixels(const Batch& batch) const;
-  // The clip length of the next batches (the guard's reduce_frames); the position is kept.
-  void set_num_frames(int num_frames) { options_.num_frames = num_frames; }
 
   // Forwards to BucketPlan::drop_largest_resolution. The current epoch's order is recomputed for
   // the new plan; the position is kept (clamped into the epoch).

@@ -32,8 +32,6 @@ struct CacheOptions {
   // Identifies the encoder: model family, VAE/text-encoder file and dtype, e.g.
   // "sd15|vae=<sha or path+size>|fp32". A different string invalidates every cached tensor.
   std::string model_id;
-  // Video models: the clip length encoded per sample (BatchOptions::num_frames); part of the key.
-  int num_frames = 0;
 };
 
 struct CacheStats {
@@ -43,8 +41,7 @@ struct CacheStats {
   size_t rebuilt = 0;    // disk files that existed but were stale or unreadable (also in encoded)
 };
 
-// pixels [1, 3, H, W] (video models: [1, 3, F, H, W]) float32 in [-1, 1] -> latent [1, C, H/f, W/f]
-// (or [C, h, w]; video [1, C, f, h, w]); any device
+// pixels [1, 3, H, W] float32 in [-1, 1] -> latent [1, C, H/f, W/f] (or [C, h, w]); any device
 // and dtype (stored on CPU as returned).
 using LatentEncoder = std::function<at::Tensor(const at::Tensor& pixels)>;
 
@@ -64,14 +61,11 @@ class LatentCache {
                    const std::function<void(size_t, size_t)>& progress = {});
 
   bool contains(size_t image, const Placement& placement, bool flip_x) const;
-  // [C, h, w] (video [C, f, h, w]) on CPU. Throws lt::Error when the sample was never built.
+  // [C, h, w] on CPU. Throws lt::Error when the sample was never built.
   at::Tensor get(size_t image, const Placement& placement, bool flip_x) const;
   at::Tensor get(const BatchItem& item) const { return get(item.image, item.placement, item.flip_x); }
   // [B, C, h, w] for a batch.
   at::Tensor batch(const Batch& batch) const;
-
-  // A new clip length (the guard's reduce_frames): later builds encode and key samples with it.
-  void set_num_frames(int num_frames) { options_.num_frames = num_frames; }
 
   size_t memory_entries() const { return memory_.size(); }
   void clear_memory() { memory_.clear(); }
@@ -106,9 +100,6 @@ class TextEmbeddingCache {
   // One caption's embeddings per row, stacked to [B, ...] by name (all captions must have the
   // same names and shapes).
   TextEmbedding batch(const std::vector<std::string>& captions, const TextEncoder& encoder);
-
-  // A new clip length (the guard's reduce_frames): later builds encode and key samples with it.
-  void set_num_frames(int num_frames) { options_.num_frames = num_frames; }
 
   size_t memory_entries() const { return memory_.size(); }
   void clear_memory() { memory_.clear(); }

@@ -40,8 +40,9 @@ struct DemoBaseOptions {
 // OUT/wan2.1_t2v_tiny.safetensors (the transformer in native names: blocks.N.self_attn.q, head.head;
 // 128-wide heads as Wan's), OUT/umt5_xxl_fp16.safetensors (umT5 in transformers names plus the
 // `spiece_model` bytes, as ComfyUI's umT5 files carry the tokenizer), OUT/wan_2.1_vae.safetensors
-// (the causal video VAE in native names), and OUT/tokenizer/spiece.model. `diffusers` and
-// `full_size` are not offered for Wan.
+// (the causal video VAE in native names), and OUT/tokenizer/spiece.model. With `diffusers`: a
+// WanPipeline folder (transformer/, vae/, text_encoder/ UMT5EncoderModel, tokenizer/, scheduler/).
+// `full_size` is not offered for Wan.
 void write_demo_base(const std::filesystem::path& out_dir, const DemoBaseOptions& options = {});
 
 }  // namespace lt::train
