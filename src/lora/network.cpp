@@ -504,7 +504,10 @@ size_t LoRANetworkImpl::add_component(const ComponentSpec& spec, torch::nn::Modu
       if (rank <= 0 && !full_lokr) continue;
       seen.insert(key);
       LoRAModule module = linear ? LoRAModule(kname, pname, linear, options) : LoRAModule(kname, pname, conv, options);
-      register_module(kname, module);
+      // Registered names cannot hold dots (a dotted kohya layout's names have them).
+      std::string registered = kname;
+      std::replace(registered.begin(), registered.end(), '.', '_');
+      register_module(registered, module);
       modules_.push_back(module);
       module_is_unet_.push_back(spec.is_unet);
       ++created;
