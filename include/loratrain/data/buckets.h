@@ -124,13 +124,14 @@ struct Bucket {
   Size size;
   bool is_clip = false;  // holds clips (video dataset) rather than images
   std::vector<size_t> entries;  // indices into BucketPlan::entries(), in dataset order
-  std::string key() const;      // "512:512x384"
+  std::string key() const;      // "512:512x384" ("512:512x384:clips" for clips)
 };
 
 struct HistogramRow {
   int resolution;
   Size size;
   size_t entries;
+  bool is_clip = false;
 };
 
 // What drop_largest_resolution did.

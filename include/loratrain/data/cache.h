@@ -80,6 +80,8 @@ class LatentCache {
   int num_frames() const;  // the effective value (the dataset's when options say 0)
 
  private:
+  at::Tensor load_pixels(size_t image, const Placement& placement, bool flip_x) const;
+
   const Dataset* dataset_;
   CacheOptions options_;
   std::map<std::string, at::Tensor> memory_;  // by key

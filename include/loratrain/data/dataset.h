@@ -120,6 +120,8 @@ class Dataset {
 
  private:
   void scan();
+  // Resize to the placement's scale, mirror, crop: one frame of `rec`.
+  static io::Image place_frame(io::Image image, const ImageRecord& rec, const Placement& placement, bool flip_x);
   void warn(const std::string& message);
 
   DatasetOptions options_;
