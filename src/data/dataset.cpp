@@ -268,8 +268,9 @@ void Dataset::scan() {
            " stretched over them (frames repeat, as AI Toolkit does): " + list_some(stretched));
     const size_t clips = static_cast<size_t>(
         std::count_if(images_.begin(), images_.end(), [](const ImageRecord& r) { return r.is_clip(); }));
-    spdlog::info("Dataset {}: {} clips and {} images, {} frames per clip{}", root.string(), clips,
-                 images_.size() - clips, options_.num_frames,
+    const size_t stills = images_.size() - clips;
+    spdlog::info("Dataset {}: {} clip{} and {} image{}, {} frames per clip{}", root.string(), clips,
+                 clips == 1 ? "" : "s", stills, stills == 1 ? "" : "s", options_.num_frames,
                  skipped.empty() ? std::string() : fmt::format(" ({} skipped)", skipped.size()));
     return;
   }

@@ -109,10 +109,31 @@ class FfmpegClip {
   std::string codec_name() const { return avcodec_get_name(stream_->codecpar->codec_id); }
   int width() const { return stream_->codecpar->width; }
   int height() const { return stream_->codecpar->height; }
+  // FFmpeg's best guess from the container's base and average rates (millisecond timestamps, as
+  // in Matroska, make the average alone drift: 12 fps reads as 12.08).
   double fps() const {
-    AVRational r = stream_->avg_frame_rate;
-    if (r.num <= 0 || r.den <= 0) r = stream_->r_frame_rate;
+    const AVRational r = av_guess_frame_rate(format_.get(), stream_, nullptr);
     return (r.num > 0 && r.den > 0) ? av_q2d(r) : 0.0;
+  }
+
+  // The frame count the container declares (mp4's sample table), or its duration times the frame
+  // rate; 0 when it says neither. Matroska/WebM demuxers end a cut or garbled file with a plain
+  // end-of-file, so a clip far shorter than this is taken as truncated.
+  int declared_frames() const {
+    if (stream_->nb_frames > 0) return static_cast<int>(stream_->nb_frames);
+    double seconds = 0.0;
+    if (stream_->duration != AV_NOPTS_VALUE && stream_->duration > 0)
+      seconds = stream_->duration * av_q2d(stream_->time_base);
+    else if (format_->duration != AV_NOPTS_VALUE && format_->duration > 0)
+      seconds = format_->duration / static_cast<double>(AV_TIME_BASE);
+    return static_cast<int>(std::floor(seconds * fps()));
+  }
+  void check_complete(int frames) const {
+    const int declared = declared_frames();
+    // Generous: audio tracks and timestamp rounding make durations a little longer than the video.
+    if (declared > 0 && frames < 0.75 * declared - 1)
+      fail(name_, "truncated or damaged video: " + std::to_string(frames) + " of the " + std::to_string(declared) +
+                      " frames its header declares are readable");
   }
 
   // Packets of the video stream, without decoding (one packet is one frame).
@@ -327,6 +348,7 @@ VideoInfo probe_video(const fs::path& path, bool decode_all) {
     info.frame_count = clip.count_packets();
   }
   if (info.frame_count == 0) fail(path.string(), "video without frames");
+  clip.check_complete(info.frame_count);
   return info;
 }
 
@@ -555,6 +577,9 @@ void write_video(const fs::path& path, const std::vector<Image>& frames, int fps
       int r = avcodec_receive_packet(enc.get(), pkt.get());
       if (r == AVERROR(EAGAIN) || r == AVERROR_EOF) return;
       if (r < 0) throw Error(ExitCode::kRuntime, name + ": encoding failed (" + av_error(r) + ")");
+      // Every frame lasts one tick. Without a duration the mp4 muxer ends its edit list at the last
+      // frame's start, and readers then drop that frame.
+      if (pkt->duration <= 0) pkt->duration = 1;
       av_packet_rescale_ts(pkt.get(), enc->time_base, stream->time_base);
       pkt->stream_index = stream->index;
       r = av_interleaved_write_frame(out.get(), pkt.get());

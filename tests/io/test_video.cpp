@@ -37,8 +37,8 @@ std::vector<Image> frames(int w, int h, int n) {
 
 // Mean absolute difference per channel value.
 double mean_diff(const Image& a, const Image& b) {
-  REQUIRE(a.width == b.width);
-  REQUIRE(a.height == b.height);
+  CATCH_REQUIRE(a.width == b.width);
+  CATCH_REQUIRE(a.height == b.height);
   double sum = 0;
   for (size_t i = 0; i < a.pixels.size(); ++i) sum += std::abs(int(a.pixels[i]) - int(b.pixels[i]));
   return sum / a.pixels.size();
@@ -80,7 +80,9 @@ CATCH_TEST_CASE("video files written through FFmpeg decode back to the same fram
       CATCH_CHECK(info.width == 48);
       CATCH_CHECK(info.height == 32);
       CATCH_CHECK(info.frame_count == 9);
-      CATCH_CHECK(std::abs(info.fps - 12.0) < 0.01 + (ext == ".gif" ? 1.0 : 0.0));
+      // gif delays are whole centiseconds (1/12 s is stored as 8 cs), so its rate is approximate.
+      CATCH_INFO("fps " << info.fps);
+      CATCH_CHECK(std::abs(info.fps - 12.0) < (ext == ".gif" ? 0.6 : 0.01));
       CATCH_CHECK(probe_video(path, false).frame_count == 9);  // packets, no decoding
       const auto all = read_video(path);
       CATCH_REQUIRE(all.size() == 9);
