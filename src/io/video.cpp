@@ -3,6 +3,7 @@
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
+#include <libavutil/display.h>
 #include <libavutil/error.h>
 #include <libavutil/imgutils.h>
 #include <libavutil/log.h>
@@ -74,6 +75,54 @@ bool has_webp_extension(const fs::path& path) { return to_lower(path.extension()
 
 // ---- FFmpeg decoding ----------------------------------------------------------------------------
 
+// The stream's display matrix (phones store portrait clips as landscape frames plus a rotation).
+// FFmpeg 6.1 moved stream side data into codecpar; 7 (libavformat 61) removed the old call.
+const int32_t* display_matrix(const AVStream* stream) {
+#if LIBAVFORMAT_VERSION_MAJOR >= 61
+  const AVPacketSideData* sd = av_packet_side_data_get(stream->codecpar->coded_side_data,
+                                                       stream->codecpar->nb_coded_side_data, AV_PKT_DATA_DISPLAYMATRIX);
+  return sd && sd->size >= 9 * sizeof(int32_t) ? reinterpret_cast<const int32_t*>(sd->data) : nullptr;
+#else
+  size_t size = 0;
+  const uint8_t* data = av_stream_get_side_data(stream, AV_PKT_DATA_DISPLAYMATRIX, &size);
+  return data && size >= 9 * sizeof(int32_t) ? reinterpret_cast<const int32_t*>(data) : nullptr;
+#endif
+}
+
+// Clockwise degrees (0, 90, 180, 270) a player turns the frames by, as FFmpeg's autorotate and
+// OpenCV's CAP_PROP_ORIENTATION_AUTO (which AI Toolkit's cv2 reader has on) do.
+int display_rotation(const AVStream* stream) {
+  const int32_t* matrix = display_matrix(stream);
+  if (!matrix) return 0;
+  const double ccw = av_display_rotation_get(matrix);  // counter-clockwise, (-180, 180]
+  if (std::isnan(ccw)) return 0;
+  int cw = static_cast<int>(std::lround(-ccw / 90.0)) * 90;
+  cw = ((cw % 360) + 360) % 360;
+  return cw;
+}
+
+Image rotate_clockwise(const Image& in, int degrees) {
+  if (degrees == 0) return in;
+  const bool quarter = degrees == 90 || degrees == 270;
+  Image out(quarter ? in.height : in.width, quarter ? in.width : in.height);
+  for (int y = 0; y < in.height; ++y)
+    for (int x = 0; x < in.width; ++x) {
+      int ox = x, oy = y;
+      if (degrees == 90) {
+        ox = in.height - 1 - y;
+        oy = x;
+      } else if (degrees == 180) {
+        ox = in.width - 1 - x;
+        oy = in.height - 1 - y;
+      } else if (degrees == 270) {
+        ox = y;
+        oy = in.width - 1 - x;
+      }
+      std::memcpy(out.at(ox, oy), in.at(x, y), 3);
+    }
+  return out;
+}
+
 // One clip opened for sequential decoding of its best video stream.
 class FfmpegClip {
  public:
@@ -103,12 +152,16 @@ class FfmpegClip {
     rc = avcodec_open2(codec_.get(), codec, nullptr);
     if (rc < 0) fail(name_, "cannot open the " + std::string(codec->name) + " decoder (" + av_error(rc) + ")");
     if (stream_->codecpar->width <= 0 || stream_->codecpar->height <= 0) fail(name_, "video stream has no frame size");
+    rotation_ = display_rotation(stream_);
   }
 
   const std::string& name() const { return name_; }
   std::string codec_name() const { return avcodec_get_name(stream_->codecpar->codec_id); }
-  int width() const { return stream_->codecpar->width; }
-  int height() const { return stream_->codecpar->height; }
+  // The size frames are shown at (after the display rotation); coded_* as stored.
+  int width() const { return rotation_ % 180 ? coded_height() : coded_width(); }
+  int height() const { return rotation_ % 180 ? coded_width() : coded_height(); }
+  int coded_width() const { return stream_->codecpar->width; }
+  int coded_height() const { return stream_->codecpar->height; }
   // FFmpeg's best guess from the container's base and average rates (millisecond timestamps, as
   // in Matroska, make the average alone drift: 12 fps reads as 12.08).
   double fps() const {
@@ -219,7 +272,7 @@ class FfmpegClip {
     uint8_t* dst[4] = {out.pixels.data(), nullptr, nullptr, nullptr};
     int dst_stride[4] = {f->width * 3, 0, 0, 0};
     sws_scale(sws_.get(), f->data, f->linesize, 0, f->height, dst, dst_stride);
-    return out;
+    return rotate_clockwise(out, rotation_);
   }
 
  private:
@@ -228,6 +281,7 @@ class FfmpegClip {
   AVStream* stream_ = nullptr;
   CodecPtr codec_;
   SwsPtr sws_;
+  int rotation_ = 0;  // clockwise degrees
 };
 
 // ---- animated WebP (libwebp demux) --------------------------------------------------------------
@@ -338,7 +392,7 @@ VideoInfo probe_video(const fs::path& path, bool decode_all) {
   info.codec = clip.codec_name();
   if (decode_all) {
     clip.decode([&](int index, const AVFrame* f) {
-      if (f->width != info.width || f->height != info.height)
+      if (f->width != clip.coded_width() || f->height != clip.coded_height())
         fail(path.string(), "frame " + std::to_string(index) + " changes size (" + std::to_string(f->width) + "x" +
                                 std::to_string(f->height) + ")");
       ++info.frame_count;
@@ -504,7 +558,7 @@ std::string video_encoder_for(const std::string& extension) {
   return "";
 }
 
-void write_video(const fs::path& path, const std::vector<Image>& frames, int fps) {
+void write_video(const fs::path& path, const std::vector<Image>& frames, int fps, int display_rotation) {
   quiet_ffmpeg();
   const std::string name = path.string();
   check_frames(frames, name.c_str());
@@ -568,6 +622,22 @@ void write_video(const fs::path& path, const std::vector<Image>& frames, int fps
   if (rc < 0) throw Error(ExitCode::kRuntime, name + ": cannot open encoder " + encoder_name + " (" + av_error(rc) + ")");
   avcodec_parameters_from_context(stream->codecpar, enc.get());
   stream->time_base = enc->time_base;
+  if (display_rotation % 360 != 0) {
+    if (display_rotation % 90 != 0) throw InputError(name + ": display rotation must be a multiple of 90 degrees");
+    int32_t matrix[9];
+    // av_display_rotation_set takes the clockwise angle; av_display_rotation_get gives it back
+    // counter-clockwise (display_rotation() above negates it, as FFmpeg's autorotate does).
+    av_display_rotation_set(matrix, static_cast<double>(display_rotation));
+#if LIBAVFORMAT_VERSION_MAJOR >= 61
+    AVPacketSideData* sd = av_packet_side_data_new(&stream->codecpar->coded_side_data, &stream->codecpar->nb_coded_side_data,
+                                                   AV_PKT_DATA_DISPLAYMATRIX, sizeof(matrix), 0);
+    uint8_t* data = sd ? sd->data : nullptr;
+#else
+    uint8_t* data = av_stream_new_side_data(stream, AV_PKT_DATA_DISPLAYMATRIX, sizeof(matrix));
+#endif
+    if (!data) throw Error(ExitCode::kRuntime, name + ": out of memory");
+    std::memcpy(data, matrix, sizeof(matrix));
+  }
   rc = avformat_write_header(out.get(), nullptr);
   if (rc < 0) throw Error(ExitCode::kRuntime, name + ": cannot write the header (" + av_error(rc) + ")");
 

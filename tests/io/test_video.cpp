@@ -214,3 +214,32 @@ CATCH_TEST_CASE("video tensors and frames convert both ways", "[io][video]") {
   for (int i = 0; i < 3; ++i) CATCH_CHECK(back[i].pixels == src[i].pixels);
   CATCH_CHECK(video_tensor_to_frames(t.select(1, 0)).size() == 1);  // [3, H, W]: one frame
 }
+
+CATCH_TEST_CASE("a clip with a display rotation (a phone's portrait video) reads upright", "[io][video]") {
+  const fs::path dir = lt::test::scratch_dir("io_video_rotation");
+  if (video_encoder_for(".mp4").empty()) {
+    CATCH_WARN("no FFmpeg encoder for .mp4 here; skipped");
+    return;
+  }
+  // Stored landscape 48x32; shown turned 90 degrees clockwise: 32x48.
+  const auto src = frames(48, 32, 3);
+  write_video(dir / "portrait.mp4", src, 8, 90);
+  const VideoInfo info = probe_video(dir / "portrait.mp4");
+  CATCH_CHECK(info.width == 32);
+  CATCH_CHECK(info.height == 48);
+  const auto back = read_video(dir / "portrait.mp4");
+  CATCH_REQUIRE(back.size() == 3);
+  CATCH_REQUIRE(back[0].width == 32);
+  CATCH_REQUIRE(back[0].height == 48);
+  // Turning clockwise puts the stored pixel (x, y) at (H - 1 - y, x). The white square of frame 0
+  // covers stored x 4..19, y 8..23: shown at x 8..23, y 4..19.
+  CATCH_CHECK(back[0].at(15, 10)[0] > 230);
+  CATCH_CHECK(back[0].at(15, 10)[2] > 230);
+  CATCH_CHECK(back[0].at(2, 40)[2] < 120);
+  write_video(dir / "upside.mp4", src, 8, 180);
+  const auto upside = read_video(dir / "upside.mp4");
+  CATCH_REQUIRE(upside[0].width == 48);
+  CATCH_CHECK(mean_diff(upside[1], src[1]) > 5.0);  // turned, so not the stored picture
+  // Stored (x, y) shows at (W - 1 - x, H - 1 - y).
+  CATCH_CHECK(upside[0].at(47 - 10, 31 - 12)[2] > 230);
+}

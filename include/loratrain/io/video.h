@@ -16,7 +16,7 @@
 namespace lt::io {
 
 struct VideoInfo {
-  int width = 0;
+  int width = 0;  // as shown: a display rotation of 90 or 270 degrees swaps the stored size
   int height = 0;
   int frame_count = 0;  // frames the stream decodes to
   double fps = 0.0;     // average frame rate (0 when the file does not say)
@@ -52,7 +52,10 @@ void write_animated_webp(const std::filesystem::path& path, const std::vector<Im
 // .gif) and the first encoder of that container's list the system's libavcodec has (e.g. .webm:
 // libvpx-vp9, libvpx; .mp4: libx264, mpeg4). Same-sized frames, even width and height for the
 // YUV 4:2:0 codecs. Written atomically. lt::InputError when no encoder is available for it.
-void write_video(const std::filesystem::path& path, const std::vector<Image>& frames, int fps);
+// `display_rotation` (clockwise degrees, a multiple of 90; mp4/mov) is stored as a display matrix,
+// as phones store portrait clips; readers here (and FFmpeg, OpenCV) show the frames turned by it.
+void write_video(const std::filesystem::path& path, const std::vector<Image>& frames, int fps,
+                 int display_rotation = 0);
 // The encoder write_video would use for a file with this extension; "" when none is available.
 std::string video_encoder_for(const std::string& extension);
 
