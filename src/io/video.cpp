@@ -268,10 +268,17 @@ class FfmpegClip {
       sws_setColorspaceDetails(sws_.get(), sws_getCoefficients(matrix), full_range || src_range, table, 1, brightness,
                                contrast, saturation);
     }
-    Image out(f->width, f->height);
-    uint8_t* dst[4] = {out.pixels.data(), nullptr, nullptr, nullptr};
-    int dst_stride[4] = {f->width * 3, 0, 0, 0};
+    // libswscale's SIMD paths write past the end of a row, so it converts into an aligned, padded
+    // buffer and the rows are copied out.
+    uint8_t* dst[4] = {nullptr, nullptr, nullptr, nullptr};
+    int dst_stride[4] = {0, 0, 0, 0};
+    if (av_image_alloc(dst, dst_stride, f->width, f->height + 1, AV_PIX_FMT_RGB24, 64) < 0)
+      fail(name_, "out of memory converting a frame");
+    std::unique_ptr<uint8_t, void (*)(void*)> buffer(dst[0], av_free);
     sws_scale(sws_.get(), f->data, f->linesize, 0, f->height, dst, dst_stride);
+    Image out(f->width, f->height);
+    for (int y = 0; y < f->height; ++y)
+      std::memcpy(out.at(0, y), dst[0] + static_cast<size_t>(y) * dst_stride[0], static_cast<size_t>(f->width) * 3);
     return rotate_clockwise(out, rotation_);
   }
 
@@ -664,11 +671,17 @@ void write_video(const fs::path& path, const std::vector<Image>& frames, int fps
   frame->width = width;
   frame->height = height;
   if (av_frame_get_buffer(frame.get(), 0) < 0) throw Error(ExitCode::kRuntime, name + ": out of memory");
+  // The RGB input goes through an aligned, padded buffer too (libswscale reads past row ends).
+  uint8_t* rgb[4] = {nullptr, nullptr, nullptr, nullptr};
+  int rgb_stride[4] = {0, 0, 0, 0};
+  if (av_image_alloc(rgb, rgb_stride, width, height + 1, AV_PIX_FMT_RGB24, 64) < 0)
+    throw Error(ExitCode::kRuntime, name + ": out of memory");
+  std::unique_ptr<uint8_t, void (*)(void*)> rgb_buffer(rgb[0], av_free);
   for (size_t i = 0; i < frames.size(); ++i) {
     av_frame_make_writable(frame.get());
-    const uint8_t* src[4] = {frames[i].pixels.data(), nullptr, nullptr, nullptr};
-    const int src_stride[4] = {width * 3, 0, 0, 0};
-    sws_scale(sws.get(), src, src_stride, 0, height, frame->data, frame->linesize);
+    for (int y = 0; y < height; ++y)
+      std::memcpy(rgb[0] + static_cast<size_t>(y) * rgb_stride[0], frames[i].at(0, y), static_cast<size_t>(width) * 3);
+    sws_scale(sws.get(), rgb, rgb_stride, 0, height, frame->data, frame->linesize);
     frame->pts = static_cast<int64_t>(i);
     rc = avcodec_send_frame(enc.get(), frame.get());
     if (rc < 0) throw Error(ExitCode::kRuntime, name + ": encoding failed (" + av_error(rc) + ")");
