@@ -34,8 +34,9 @@ struct DatasetOptions {
   int keep_tokens = 0;
   int num_repeats = 1;
   bool flip_x = false;  // AI Toolkit: adds a mirrored copy of every image (doubles the epoch)
-  // Decode every image while scanning, so a corrupt or truncated file is reported and skipped at
-  // start rather than failing mid-run. Off: only headers are read.
+  // Decode every image (and every frame of every clip) while scanning, so a corrupt or truncated
+  // file is reported and skipped at start rather than failing mid-run. Off: only headers are read
+  // (clips: packets are counted).
   bool verify_images = true;
   // Video (AI Toolkit's dataset keys): num_frames > 1 makes a video dataset.
   int num_frames = 1;
