@@ -24,6 +24,7 @@
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/image.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/io/video.h"
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
@@ -567,6 +568,10 @@ void Trainer::prepare_data() {
   options.keep_tokens = d.keep_tokens;
   options.num_repeats = d.num_repeats;
   options.flip_x = d.flip_x;
+  options.num_frames = d.num_frames;
+  options.shrink_video_to_frames = d.shrink_video_to_frames;
+  options.fps = d.fps;
+  options.seed = seed();
   dataset_ = std::make_unique<data::Dataset>(options);
   result_.images_seen.assign(dataset_->size(), 0);
 
@@ -588,6 +593,7 @@ void Trainer::build_caches() {
     options.in_memory = true;
     options.to_disk = d.cache_latents_to_disk;
     options.model_id = model_->model_id() + "|vae";
+    if (clip_frames() > 0) options.num_frames = clip_frames();
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
     cache_latents();
     // On the low-VRAM path the VAE leaves before the text encoder arrives.
@@ -766,7 +772,9 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
     for (const auto& item : batch.items) all_cached = all_cached && latent_cache_->contains(item.image, item.placement, item.flip_x);
     if (all_cached) return latent_cache_->batch(batch).to(device_);
   }
-  return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
+  const bool clips = clip_frames() > 0 && dataset_->is_video();
+  return model_->encode_pixels(clips ? batches_->load_clip_pixels(batch, clip_frames()) : batches_->load_pixels(batch),
+                               noise_rng_);
 }
 
 // AI Toolkit's unload_text_encoder: unless the captions' embeddings are cached (cache_text_embeddings,
@@ -931,9 +939,13 @@ void Trainer::sample_previews(int64_t step) {
       const TextEmbedding negative = traits.embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
       const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
                                               PreviewOptions{p_->sample.sampler, dtype_, device_, settings_.sample_num_frames});
-      // A video preview [3, F, H, W]: its first frame goes into the PNGs and the grid.
+      // A video preview [3, F, H, W]: an animated WebP, and its first frame in the PNGs and the grid.
       images.push_back(io::tensor_to_image(image.dim() == 4 ? image.select(1, 0) : image));
       io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
+      if (image.dim() == 4) {
+        io::write_animated_webp(folder / fmt::format("{}__{}_{}.webp", stamp, step_tag(step), i),
+                                io::video_tensor_to_frames(image), p_->sample.fps);
+      }
     }
   }
   io::write_png(folder / fmt::format("grid_{}.png", step_tag(step)), io::make_grid(images));
@@ -1033,7 +1045,9 @@ void Trainer::apply(const MemorySettings& next) {
   if (change.checkpointing) model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   if (change.attention || change.vae_tiling) model_->set_compute_mode(compute_mode());
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
-  if (latent_cache_ && change.buckets) cache_latents();
+  // Shorter clips: the next loads (a retried step's too) and the latent cache use the new length.
+  if (latent_cache_ && change.frames && clip_frames() > 0) latent_cache_->set_num_frames(clip_frames());
+  if (latent_cache_ && (change.buckets || change.frames)) cache_latents();
   if (change.quantize) {
     quantize_base();
   }

@@ -5,8 +5,13 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
+#include "loratrain/diagnose/analyzer.h"
+#include "loratrain/diagnose/fixes.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
@@ -68,7 +73,7 @@ CATCH_TEST_CASE("Wan 2.1: the ComfyUI files train a LoRA with previews; musubi/C
   for (double loss : result.losses) CATCH_CHECK(std::isfinite(loss));
   const auto run = root / "wn";
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));
-  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000004.png"));
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000002.png"));
 
   auto file = lt::io::SafetensorsFile::open(run / "wn.safetensors");
   CATCH_CHECK(file->metadata().at("ss_base_model_version") == "wan21");
@@ -132,17 +137,17 @@ CATCH_TEST_CASE("Wan 2.1: clips [B, 3, F, H, W] encode to 5-D latents, predict a
   torch::manual_seed(3);
   const at::Tensor clip = torch::rand({1, 3, 9, 32, 48}) * 2 - 1;
   const at::Tensor z = model->encode_pixels(clip, std::nullopt);
-  CATCH_CHECK(z.sizes() == at::IntArrayRef({1, 16, 3, 4, 6}));  // 1 + (9 - 1) / 4 latent frames
+  CATCH_CHECK(z.sizes().vec() == std::vector<int64_t>{1, 16, 3, 4, 6});  // 1 + (9 - 1) / 4 latent frames
   const at::Tensor image_z = model->encode_pixels(clip.select(2, 0), std::nullopt);
-  CATCH_CHECK(image_z.sizes() == at::IntArrayRef({1, 16, 1, 4, 6}));
+  CATCH_CHECK(image_z.sizes().vec() == std::vector<int64_t>{1, 16, 1, 4, 6});
   // Causal: the first frame alone encodes as the clip's first latent frame.
   CATCH_CHECK(torch::allclose(image_z, z.narrow(2, 0, 1), 1e-4, 1e-5));
-  CATCH_CHECK(model->decode_latents(z).sizes() == at::IntArrayRef({1, 3, 9, 32, 48}));
+  CATCH_CHECK(model->decode_latents(z).sizes().vec() == std::vector<int64_t>{1, 3, 9, 32, 48});
 
   lt::train::Conditioning c;
   c.text = model->encode_text({"a red circle"});
   const at::Tensor& text = c.text.front().second;
-  CATCH_CHECK(text.sizes() == at::IntArrayRef({1, 512, 64}));
+  CATCH_CHECK(text.sizes().vec() == std::vector<int64_t>{1, 512, 64});
   // The rows past the prompt are zero (Wan's pipeline trims and zero-pads to 512).
   CATCH_CHECK(text.narrow(1, 100, 412).abs().max().item<double>() == 0.0);
   CATCH_CHECK(text.narrow(1, 0, 1).abs().max().item<double>() > 0.0);
@@ -216,4 +221,66 @@ CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples (1.3B; 14B with quantize and low_
   // The examples save in the default layout: musubi/ComfyUI names, rank 32.
   CATCH_CHECK(lora->contains("diffusion_model.blocks.0.self_attn.q.lora_down.weight"));
   CATCH_CHECK(lora->info("diffusion_model.blocks.0.self_attn.q.lora_down.weight").shape[0] == 32);
+}
+
+namespace {
+
+nlohmann::json read_report(const fs::path& run) {
+  std::ifstream in(run / "report.json");
+  return nlohmann::json::parse(in);
+}
+
+int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
+  return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, the guard reduces the frames first and the "
+                "run completes; diagnose reads the video spike and names the same next step",
+                "[train][e2e][guard][wan]") {
+  const auto root = lt::test::scratch_dir(lt::test::per_program("wan_guard"));
+  lt::data::DemoVideoOptions clips;
+  clips.count = 2;
+  clips.size = 256;
+  clips.min_frames = 33;
+  clips.max_frames = 33;
+  lt::data::make_demo_video_dataset(root / "clips", clips);
+  // Attention already chunked (the guard's first, exact lever), so the frames are the next one.
+  const std::string memory = "        attention_chunk: 256\n        oom_guard:\n          plan: false\n";
+  auto request = [&](const std::string& name, int steps, int frames, const std::string& budget) {
+    lt::train::RunRequest r;
+    r.config_path = lt::test::write_tiny_config(root, name, steps, "", memory + budget);
+    r.overrides = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
+                   "datasets.0.folder_path=" + (root / "clips").string(), "datasets.0.num_frames=" + std::to_string(frames),
+                   "datasets.0.resolution=[256]", "train.batch_size=1", "sample.num_frames=" + std::to_string(frames)};
+    return r;
+  };
+  // One step of each length with the guard on and no budget: the peaks per phase.
+  CATCH_REQUIRE(lt::train::run_training(request("calib33", 1, 33, "")).exit_code == 0);
+  CATCH_REQUIRE(lt::train::run_training(request("calib17", 1, 17, "")).exit_code == 0);
+  const auto long_clips = read_report(root / "calib33"), short_clips = read_report(root / "calib17");
+  const int64_t peak33 = phase_peak(long_clips, "train_step");
+  const int64_t floor = std::max({phase_peak(long_clips, "load"), phase_peak(long_clips, "cache"),
+                                  phase_peak(short_clips, "train_step")});
+  CATCH_INFO("train_step peak 33 frames " << peak33 << ", floor (load, cache, 17-frame step) " << floor);
+  CATCH_REQUIRE(peak33 > floor * 11 / 10);
+  const int64_t budget = floor + (peak33 - floor) / 3;
+
+  auto result = lt::train::run_training(request("spike", 2, 33, "        simulate_vram: " + std::to_string(budget) + "\n"));
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 2);
+  const auto report = read_report(root / "spike");
+  CATCH_INFO(report.at("attempts").dump(1));
+  CATCH_REQUIRE(report.at("attempts").size() >= 1);
+  CATCH_CHECK(report.at("attempts")[0].at("action").get<std::string>() == "reduce_frames");
+  CATCH_REQUIRE(!result.actions.empty());
+  CATCH_CHECK(result.actions[0].find("33 -> 17") != std::string::npos);
+
+  // diagnose on the run's log: lora-train's own video spike, and frames as the next lever.
+  const auto diagnosis = lt::diagnose::diagnose_path((root / "spike" / "log.txt").string());
+  CATCH_CHECK(diagnosis.phase == lt::diagnose::Phase::kVideoSpike);
+  const auto fixes = lt::diagnose::plan_fixes(diagnosis);
+  CATCH_REQUIRE_FALSE(fixes.empty());
+  CATCH_CHECK(fixes.front().id == "num_frames");
 }
