@@ -74,6 +74,10 @@ CATCH_TEST_CASE("Wan 2.1: the ComfyUI files train a LoRA with previews; musubi/C
   const auto run = root / "wn";
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000002.png"));
+  // sample.num_frames 5: each preview is also an animated WebP of its 5 frames.
+  size_t webp = 0;
+  for (const auto& e : fs::directory_iterator(run / "samples")) webp += e.path().extension() == ".webp";
+  CATCH_CHECK(webp == 3);
 
   auto file = lt::io::SafetensorsFile::open(run / "wn.safetensors");
   CATCH_CHECK(file->metadata().at("ss_base_model_version") == "wan21");
@@ -238,7 +242,7 @@ int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
 
 CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, the guard reduces the frames first and the "
                 "run completes; diagnose reads the video spike and names the same next step",
-                "[train][e2e][guard][wan]") {
+                "[train][e2e][guard][wan][slow]") {
   const auto root = lt::test::scratch_dir(lt::test::per_program("wan_guard"));
   lt::data::DemoVideoOptions clips;
   clips.count = 2;
@@ -253,7 +257,9 @@ CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, t
     r.config_path = lt::test::write_tiny_config(root, name, steps, "", memory + budget);
     r.overrides = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
                    "datasets.0.folder_path=" + (root / "clips").string(), "datasets.0.num_frames=" + std::to_string(frames),
-                   "datasets.0.resolution=[256]", "train.batch_size=1", "sample.num_frames=" + std::to_string(frames)};
+                   "datasets.0.resolution=[256]", "train.batch_size=1", "sample.num_frames=" + std::to_string(frames),
+                   // Clips encoded in the step (the tiny VAE's peak would otherwise be the cache phase's).
+                   "datasets.0.cache_latents=false"};
     return r;
   };
   // One step of each length with the guard on and no budget: the peaks per phase.
@@ -261,11 +267,10 @@ CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, t
   CATCH_REQUIRE(lt::train::run_training(request("calib17", 1, 17, "")).exit_code == 0);
   const auto long_clips = read_report(root / "calib33"), short_clips = read_report(root / "calib17");
   const int64_t peak33 = phase_peak(long_clips, "train_step");
-  const int64_t floor = std::max({phase_peak(long_clips, "load"), phase_peak(long_clips, "cache"),
-                                  phase_peak(short_clips, "train_step")});
-  CATCH_INFO("train_step peak 33 frames " << peak33 << ", floor (load, cache, 17-frame step) " << floor);
-  CATCH_REQUIRE(peak33 > floor * 11 / 10);
-  const int64_t budget = floor + (peak33 - floor) / 3;
+  const int64_t floor = std::max(phase_peak(long_clips, "load"), phase_peak(short_clips, "train_step"));
+  CATCH_INFO("train_step peak 33 frames " << peak33 << ", floor (load, 17-frame step) " << floor);
+  CATCH_REQUIRE(peak33 > floor);
+  const int64_t budget = floor + (peak33 - floor) / 2;
 
   auto result = lt::train::run_training(request("spike", 2, 33, "        simulate_vram: " + std::to_string(budget) + "\n"));
   CATCH_REQUIRE(result.exit_code == 0);
