@@ -101,6 +101,8 @@ CATCH_TEST_CASE("Wan 2.1: the ComfyUI files train a LoRA with previews; musubi/C
     CATCH_REQUIRE(stem.rfind("diffusion_model.", 0) == 0);
     CATCH_CHECK(base->contains(stem.substr(std::string("diffusion_model.").size()) + ".weight"));
   }
+  // And it reads back into the same modules (lora-train sample, resuming from a LoRA).
+  CATCH_CHECK(lt::lora::module_dims_from_file(*file, {lt::lora::ComponentSpec::wan_transformer()}).size() == 20);
 }
 
 CATCH_TEST_CASE("Wan 2.1: save_format diffusers writes AI Toolkit's PEFT names, which name the diffusers modules",
