@@ -134,7 +134,7 @@ bool is_image_file(const std::string& ext) {
   return std::any_of(std::begin(exts), std::end(exts), [&](const char* e) { return ext == e; });
 }
 bool is_video_file(const std::string& ext) {
-  static const char* exts[] = {".mp4", ".webm", ".mov", ".mkv", ".avi", ".gif"};
+  static const char* exts[] = {".mp4", ".webm", ".mov", ".mkv", ".avi", ".m4v", ".wmv", ".flv", ".gif"};
   return std::any_of(std::begin(exts), std::end(exts), [&](const char* e) { return ext == e; });
 }
 
@@ -341,12 +341,13 @@ void validate_paths(const JobConfig& job) {
     for (fs::directory_iterator it(d.folder_path, ec), end; !ec && it != end; it.increment(ec)) {
       if (!it->is_regular_file(ec)) continue;
       const std::string ext = to_lower(it->path().extension().string());
-      if (video ? is_video_file(ext) : is_image_file(ext)) ++count;
+      // A video dataset trains on clips and on images (one-frame clips).
+      if (is_image_file(ext) || (video && is_video_file(ext))) ++count;
     }
     if (ec) throw error_at(job, key, "cannot list dataset folder '" + d.folder_path + "': " + ec.message());
     if (count == 0)
       throw error_at(job, key, "dataset folder '" + d.folder_path + "' is empty: it holds no " +
-                                   (video ? "videos (.mp4, .webm, .mov, .mkv, .avi, .gif; num_frames > 1)"
+                                   (video ? "clips or images (.mp4, .webm, .mov, .mkv, .avi, .m4v, .wmv, .flv, .gif, .webp, .jpg, .jpeg, .png, .bmp; num_frames > 1)"
                                           : "images (.jpg, .jpeg, .png, .webp, .bmp)"));
   }
   const ModelConfig& m = p.model;

@@ -119,6 +119,14 @@ at::Tensor BatchIterator::load_pixels(const Batch& batch) const {
   return torch::stack(images);  // [B, 3, H, W]
 }
 
+at::Tensor BatchIterator::load_clip_pixels(const Batch& batch, int num_frames) const {
+  std::vector<at::Tensor> clips;
+  clips.reserve(batch.items.size());
+  for (const BatchItem& item : batch.items)
+    clips.push_back(dataset_->load_clip_tensor(item.image, item.placement, item.flip_x, num_frames));
+  return torch::stack(clips);  // [B, 3, F, H, W]
+}
+
 std::optional<ResolutionDrop> BatchIterator::drop_largest_resolution(int fallback_resolution) {
   auto drop = plan_.drop_largest_resolution(fallback_resolution);
   if (drop) {

@@ -197,7 +197,7 @@ Placement kohya_placement(const KohyaBucketChoice& c) {
 
 std::string Bucket::key() const {
   return std::to_string(resolution) + ":" + std::to_string(size.width) + "x" +
-         std::to_string(size.height);
+         std::to_string(size.height) + (is_clip ? ":clips" : "");
 }
 
 namespace {
@@ -287,13 +287,15 @@ BucketPlan BucketPlan::build(const std::vector<ImageShape>& images, const Bucket
 }
 
 void BucketPlan::rebuild_buckets() {
-  std::map<std::tuple<int, int, int>, Bucket> by_key;
+  std::map<std::tuple<int, int, int, bool>, Bucket> by_key;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const BucketEntry& e = entries_[i];
     Size s = e.placement.bucket();
-    Bucket& b = by_key[{e.resolution, s.width, s.height}];
+    const bool clip = shapes_[e.image].is_clip;
+    Bucket& b = by_key[{e.resolution, s.width, s.height, clip}];
     b.resolution = e.resolution;
     b.size = s;
+    b.is_clip = clip;
     b.entries.push_back(i);
   }
   buckets_.clear();
@@ -308,7 +310,7 @@ std::vector<int> BucketPlan::resolutions() const {
 
 std::vector<HistogramRow> BucketPlan::histogram() const {
   std::vector<HistogramRow> rows;
-  for (const Bucket& b : buckets_) rows.push_back({b.resolution, b.size, b.entries.size()});
+  for (const Bucket& b : buckets_) rows.push_back({b.resolution, b.size, b.entries.size(), b.is_clip});
   return rows;
 }
 
@@ -319,8 +321,8 @@ std::string BucketPlan::histogram_text() const {
     size_t n = 0;
     for (const Bucket& b : buckets_) {
       if (b.resolution != r) continue;
-      out << "  " << b.size.width << "x" << b.size.height << ": " << b.entries.size()
-          << (b.entries.size() == 1 ? " file\n" : " files\n");
+      out << "  " << b.size.width << "x" << b.size.height << (b.is_clip ? " clips" : "") << ": "
+          << b.entries.size() << (b.entries.size() == 1 ? " file\n" : " files\n");
       ++n;
     }
     out << "  " << n << (n == 1 ? " bucket made\n" : " buckets made\n");

@@ -19,7 +19,8 @@ constexpr const char* kKeyField = "lt_cache_key";
 
 at::Tensor to_cpu_unbatched(at::Tensor t) {
   t = t.detach();
-  if (t.dim() == 4 && t.size(0) == 1) t = t.squeeze(0);  // [1, C, h, w] -> [C, h, w]
+  // [1, C, h, w] -> [C, h, w]; a clip's [1, C, f, h, w] -> [C, f, h, w]
+  if ((t.dim() == 4 || t.dim() == 5) && t.size(0) == 1) t = t.squeeze(0);
   return t.to(torch::kCPU).contiguous();
 }
 
@@ -72,11 +73,32 @@ LatentCache::LatentCache(const Dataset& dataset, CacheOptions options)
 
 std::string LatentCache::key(size_t image, const Placement& p, bool flip_x) const {
   const ImageRecord& rec = dataset_->images().at(image);
-  return "lt-latent-v1|image=" + rec.content_hash + "|scale=" + std::to_string(p.scale_to_width) +
-         "x" + std::to_string(p.scale_to_height) + "|crop=" + std::to_string(p.crop_x) + "," +
-         std::to_string(p.crop_y) + "," + std::to_string(p.crop_width) + "x" +
-         std::to_string(p.crop_height) + "|flip_x=" + (flip_x ? "1" : "0") +
-         "|model=" + options_.model_id;
+  std::string k = "lt-latent-v1|image=" + rec.content_hash + "|scale=" + std::to_string(p.scale_to_width) +
+                  "x" + std::to_string(p.scale_to_height) + "|crop=" + std::to_string(p.crop_x) + "," +
+                  std::to_string(p.crop_y) + "," + std::to_string(p.crop_width) + "x" +
+                  std::to_string(p.crop_height) + "|flip_x=" + (flip_x ? "1" : "0");
+  if (dataset_->is_video()) {
+    // The frames themselves: a new num_frames, fps, shrink mode or window start is a new latent.
+    const std::vector<int> frames = dataset_->clip_frame_indices(image, num_frames());
+    std::string list;
+    for (int f : frames) list += (list.empty() ? "" : ",") + std::to_string(f);
+    k += "|num_frames=" + std::to_string(rec.is_clip() ? num_frames() : 1) + "|frames=" + list;
+  }
+  return k + "|model=" + options_.model_id;
+}
+
+void LatentCache::set_num_frames(int num_frames) {
+  if (num_frames < 1) throw InputError("num_frames must be at least 1, got " + std::to_string(num_frames));
+  options_.num_frames = num_frames;
+}
+
+int LatentCache::num_frames() const {
+  return options_.num_frames > 0 ? options_.num_frames : dataset_->options().num_frames;
+}
+
+at::Tensor LatentCache::load_pixels(size_t image, const Placement& p, bool flip_x) const {
+  if (dataset_->is_video()) return dataset_->load_clip_tensor(image, p, flip_x, num_frames()).unsqueeze(0);
+  return dataset_->load_tensor(image, p, flip_x).unsqueeze(0);
 }
 
 fs::path LatentCache::disk_path(size_t image, const Placement& p, bool flip_x) const {
@@ -114,7 +136,7 @@ CacheStats LatentCache::build(const BucketPlan& plan, const LatentEncoder& encod
         }
       }
       if (!have) {
-        at::Tensor pixels = dataset_->load_tensor(e->image, e->placement, e->flip_x).unsqueeze(0);
+        at::Tensor pixels = load_pixels(e->image, e->placement, e->flip_x);  // [1, 3, (F,) H, W]
         at::Tensor latent;
         {
           torch::NoGradGuard no_grad;

@@ -4,11 +4,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <thread>
 #include <map>
 #include <set>
 
+#include "loratrain/data/rng.h"
+#include "loratrain/io/video.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -21,13 +24,25 @@ const std::vector<std::string>& dataset_image_extensions() {
   return exts;
 }
 
+// AI Toolkit's video extensions (data_loader.py), plus the animated formats FFmpeg reads (.gif)
+// and libwebp reads (animated .webp, listed with the images).
+const std::vector<std::string>& dataset_video_extensions() {
+  static const std::vector<std::string> exts = {".mp4", ".webm", ".mov", ".mkv", ".avi",
+                                                ".m4v", ".wmv", ".flv", ".gif"};
+  return exts;
+}
+
 namespace {
 
-bool is_image_ext(const fs::path& p) {
+bool has_ext(const fs::path& p, const std::vector<std::string>& exts) {
   const std::string ext = to_lower(p.extension().string());
-  const auto& exts = dataset_image_extensions();
   return std::find(exts.begin(), exts.end(), ext) != exts.end();
 }
+bool is_image_ext(const fs::path& p) { return has_ext(p, dataset_image_extensions()); }
+bool is_video_ext(const fs::path& p) { return has_ext(p, dataset_video_extensions()); }
+
+// Python's round(): half to even (the default floating-point rounding mode).
+int round_half_even(double x) { return static_cast<int>(std::nearbyint(x)); }
 
 // Folders AI Toolkit keeps beside the images: control images and its caches.
 bool is_skipped_dir(const std::string& name) {
@@ -60,6 +75,9 @@ Dataset::Dataset(DatasetOptions options) : options_(std::move(options)) {
     throw InputError("keep_tokens must not be negative, got " + std::to_string(options_.keep_tokens));
   if (options_.num_repeats < 1)
     throw InputError("num_repeats must be at least 1, got " + std::to_string(options_.num_repeats));
+  if (options_.num_frames < 1)
+    throw InputError("num_frames must be at least 1, got " + std::to_string(options_.num_frames));
+  if (options_.fps < 1) throw InputError("fps must be at least 1, got " + std::to_string(options_.fps));
   scan();
 }
 
@@ -100,7 +118,7 @@ void Dataset::scan() {
       continue;
     }
     // Broken links and special files are kept as candidates so reading them reports why.
-    if (is_image_ext(entry.path())) {
+    if (is_image_ext(entry.path()) || (is_video() && is_video_ext(entry.path()))) {
       image_files.push_back(entry.path());
     } else if (to_lower(entry.path().extension().string()) == caption_ext) {
       caption_files.push_back(entry.path());
@@ -124,7 +142,16 @@ void Dataset::scan() {
     try {
       const std::string bytes = io::read_file_bytes(path);
       rec.content_hash = Fnv64().update(bytes).hex();
-      if (options_.verify_images) {
+      const bool clip = is_video() && (is_video_ext(path) || io::is_animated_webp(bytes));
+      if (clip) {
+        rec.kind = is_video_ext(path) ? MediaKind::video : MediaKind::animated_webp;
+        if (bytes.empty()) throw InputError(path.string() + ": empty file (0 bytes)");
+        const io::VideoInfo info = io::probe_video(path, options_.verify_images);
+        rec.width = info.width;
+        rec.height = info.height;
+        rec.frame_count = info.frame_count;
+        rec.fps = info.fps;
+      } else if (options_.verify_images) {
         io::Image image = io::decode_image(bytes, path.string());
         rec.width = image.width;
         rec.height = image.height;
@@ -170,7 +197,8 @@ void Dataset::scan() {
     image_stems.insert(fs::path(image_files[i]).replace_extension());
     Scanned& s = scanned[i];
     if (!s.record) {
-      warn("skipping image " + s.error);
+      const bool clip = is_video() && is_video_ext(image_files[i]);
+      warn(std::string(clip ? "skipping clip " : "skipping image ") + s.error);
       skipped.push_back(s.error);
       continue;
     }
@@ -192,16 +220,19 @@ void Dataset::scan() {
   if (images_.empty()) {
     std::string exts;
     for (const auto& e : dataset_image_extensions()) exts += (exts.empty() ? "" : ", ") + e;
+    if (is_video())
+      for (const auto& e : dataset_video_extensions()) exts += ", " + e;
     if (image_files.empty()) {
-      std::string msg = "dataset folder " + root.string() + " contains no images (looked for " +
-                        exts + ")";
+      std::string msg = "dataset folder " + root.string() + " contains no " +
+                        (is_video() ? "clips or images" : "images") + " (looked for " + exts + ")";
       if (!orphans.empty())
         msg += "; it has " + std::to_string(orphans.size()) + " caption file" +
                (orphans.size() == 1 ? "" : "s") + " without images: " + list_some(orphans, 5);
       throw InputError(msg);
     }
-    throw InputError("dataset folder " + root.string() + " has no usable images: all " +
-                     std::to_string(image_files.size()) + " image file" +
+    throw InputError("dataset folder " + root.string() + " has no usable " +
+                     (is_video() ? "clips or images" : "images") + ": all " +
+                     std::to_string(image_files.size()) + (is_video() ? " file" : " image file") +
                      (image_files.size() == 1 ? " was" : "s were") +
                      " skipped: " + list_some(skipped, 5));
   }
@@ -217,6 +248,32 @@ void Dataset::scan() {
     warn(std::to_string(clamped.size()) + " image" + (clamped.size() == 1 ? " is" : "s are") +
          " longer than 4:1, the widest bucket aspect ratio: " + list_some(clamped));
   }
+  if (is_video()) {
+    // AI Toolkit stretches a clip too short for num_frames (its frames repeat) rather than
+    // dropping it; so does this, saying which clips it stretches.
+    std::vector<std::string> stretched;
+    for (const ImageRecord& r : images_) {
+      if (!r.is_clip()) continue;
+      const std::vector<int> idx = sample_frame_indices(r.frame_count, r.fps, options_.num_frames,
+                                                        options_.shrink_video_to_frames, options_.fps, 0);
+      if (std::adjacent_find(idx.begin(), idx.end()) == idx.end()) continue;
+      stretched.push_back(printable(fs::relative(r.path, root, ec).string()) + " (" +
+                          std::to_string(r.frame_count) + " frames)");
+    }
+    if (!stretched.empty())
+      warn(std::to_string(stretched.size()) + " clip" + (stretched.size() == 1 ? " has" : "s have") +
+           " fewer frames than num_frames " + std::to_string(options_.num_frames) +
+           (options_.shrink_video_to_frames ? "" : " at fps " + std::to_string(options_.fps)) +
+           " and " + (stretched.size() == 1 ? "is" : "are") +
+           " stretched over them (frames repeat, as AI Toolkit does): " + list_some(stretched));
+    const size_t clips = static_cast<size_t>(
+        std::count_if(images_.begin(), images_.end(), [](const ImageRecord& r) { return r.is_clip(); }));
+    const size_t stills = images_.size() - clips;
+    spdlog::info("Dataset {}: {} clip{} and {} image{}, {} frames per clip{}", root.string(), clips,
+                 clips == 1 ? "" : "s", stills, stills == 1 ? "" : "s", options_.num_frames,
+                 skipped.empty() ? std::string() : fmt::format(" ({} skipped)", skipped.size()));
+    return;
+  }
   spdlog::info("Dataset {}: {} images{}", root.string(), images_.size(),
                skipped.empty() ? std::string() : fmt::format(" ({} skipped)", skipped.size()));
 }
@@ -224,7 +281,7 @@ void Dataset::scan() {
 std::vector<ImageShape> Dataset::shapes() const {
   std::vector<ImageShape> out;
   out.reserve(images_.size());
-  for (const ImageRecord& r : images_) out.push_back({r.width, r.height, r.path.string()});
+  for (const ImageRecord& r : images_) out.push_back({r.width, r.height, r.path.string(), r.is_clip()});
   return out;
 }
 
@@ -264,7 +321,11 @@ std::optional<std::vector<std::string>> Dataset::fixed_captions() const {
 
 io::Image Dataset::load_image(size_t index, const Placement& p, bool flip_x) const {
   const ImageRecord& rec = images_.at(index);
-  io::Image image = io::read_image(rec.path);
+  io::Image image = rec.is_clip() ? std::move(io::read_video_frames(rec.path, {0}).front()) : io::read_image(rec.path);
+  return place_frame(std::move(image), rec, p, flip_x);
+}
+
+io::Image Dataset::place_frame(io::Image image, const ImageRecord& rec, const Placement& p, bool flip_x) {
   if (image.width != p.scale_to_width || image.height != p.scale_to_height)
     image = io::resize(image, p.scale_to_width, p.scale_to_height, io::ResizeFilter::Bicubic);
   // AI Toolkit mirrors before cropping, so an odd excess is cut on the same side of the content.
@@ -278,6 +339,61 @@ io::Image Dataset::load_image(size_t index, const Placement& p, bool flip_x) con
 
 at::Tensor Dataset::load_tensor(size_t index, const Placement& p, bool flip_x) const {
   return io::image_to_tensor(load_image(index, p, flip_x));
+}
+
+std::vector<int> sample_frame_indices(int total_frames, double clip_fps, int num_frames,
+                                      bool shrink_video_to_frames, int fps, uint64_t draw) {
+  if (total_frames < 1 || num_frames < 1)
+    throw Error(ExitCode::kRuntime, "sample_frame_indices: " + std::to_string(total_frames) + " frames, num_frames " +
+                                        std::to_string(num_frames));
+  const int max_index = total_frames - 1;
+  auto spread = [&] {
+    std::vector<int> out(num_frames, 0);
+    const double interval = num_frames > 1 ? static_cast<double>(max_index) / (num_frames - 1) : 0.0;
+    for (int i = 0; i < num_frames; ++i) out[i] = std::min(round_half_even(i * interval), max_index);
+    return out;
+  };
+  if (shrink_video_to_frames || total_frames < num_frames) return spread();
+  // A file without a frame rate is taken to be at the requested one (every frame).
+  const double ratio = clip_fps > 0 && fps > 0 ? clip_fps / fps : 1.0;
+  const int step = std::max(1, round_half_even(ratio));
+  if (total_frames / step < num_frames) return spread();
+  const int max_start = max_index - (num_frames - 1) * step;
+  const int start = max_start > 0 ? static_cast<int>(splitmix64(draw) % static_cast<uint64_t>(max_start + 1)) : 0;
+  std::vector<int> out(num_frames);
+  for (int i = 0; i < num_frames; ++i) out[i] = std::min(start + i * step, max_index);
+  return out;
+}
+
+std::vector<int> Dataset::clip_frame_indices(size_t index, int num_frames) const {
+  const ImageRecord& rec = images_.at(index);
+  if (!rec.is_clip()) return {0};
+  uint64_t content = 0;
+  for (char c : rec.content_hash) content = content * 31 + static_cast<unsigned char>(c);
+  return sample_frame_indices(rec.frame_count, rec.fps, num_frames, options_.shrink_video_to_frames, options_.fps,
+                              mix_seed({options_.seed, content}));
+}
+
+std::vector<io::Image> Dataset::load_clip(size_t index, const Placement& p, bool flip_x, int num_frames) const {
+  if (num_frames < 1) throw Error(ExitCode::kRuntime, "load_clip: num_frames must be at least 1");
+  const ImageRecord& rec = images_.at(index);
+  if (!rec.is_clip()) return {load_image(index, p, flip_x)};
+  const std::vector<int> indices = clip_frame_indices(index, num_frames);
+  // A stretched clip repeats frames: each distinct one is decoded and placed once.
+  std::vector<int> distinct = indices;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<io::Image> decoded = io::read_video_frames(rec.path, distinct);
+  std::map<int, io::Image> placed;
+  for (size_t i = 0; i < distinct.size(); ++i) placed[distinct[i]] = place_frame(std::move(decoded[i]), rec, p, flip_x);
+  std::vector<io::Image> frames;
+  frames.reserve(indices.size());
+  for (int i : indices) frames.push_back(placed.at(i));
+  return frames;
+}
+
+at::Tensor Dataset::load_clip_tensor(size_t index, const Placement& p, bool flip_x, int num_frames) const {
+  return io::frames_to_video_tensor(load_clip(index, p, flip_x, num_frames));  // [3, F, H, W]
 }
 
 }  // namespace lt::data

@@ -6,6 +6,7 @@
 
 #include "loratrain/data/rng.h"
 #include "loratrain/io/image.h"
+#include "loratrain/io/video.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
 
@@ -151,6 +152,80 @@ std::vector<DemoItem> make_demo_dataset(const std::filesystem::path& out_dir,
     items.push_back(std::move(item));
   }
   return items;
+}
+
+std::vector<DemoClip> make_demo_video_dataset(const std::filesystem::path& out_dir,
+                                              const DemoVideoOptions& o) {
+  if (o.count < 1) throw InputError("demo video: count must be at least 1");
+  if (o.size < 16 || o.size > 1024 || o.size % 2) throw InputError("demo video: size must be even, 16..1024");
+  if (o.min_frames < 1 || o.max_frames < o.min_frames || o.max_frames > 257)
+    throw InputError("demo video: need 1 <= min_frames <= max_frames <= 257");
+  if (o.fps < 1 || o.fps > 120) throw InputError("demo video: fps must be 1..120");
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) throw InputError("demo video: cannot create " + out_dir.string() + ": " + ec.message());
+
+  // Frame counts Wan accepts (4k+1) in [min_frames, max_frames]; any count when none fits.
+  std::vector<int> counts;
+  for (int f = o.min_frames; f <= o.max_frames; ++f)
+    if (f % 4 == 1) counts.push_back(f);
+  if (counts.empty())
+    for (int f = o.min_frames; f <= o.max_frames; ++f) counts.push_back(f);
+  // Containers in turn; one whose encoder this libavcodec lacks falls back to MPEG-4 in .avi.
+  const char* formats[] = {".webm", ".mp4", ".webp"};
+  struct Motion {
+    const char* words;
+    double x0, y0, x1, y1;  // start and end of the centre, in [0, 1] of the free range
+  };
+  constexpr Motion kMotions[] = {{"moving left to right", 0, 0.5, 1, 0.5}, {"moving right to left", 1, 0.5, 0, 0.5},
+                                 {"moving down", 0.5, 0, 0.5, 1},          {"moving up", 0.5, 1, 0.5, 0},
+                                 {"moving diagonally", 0, 0, 1, 1}};
+  Rng rng(mix_seed({o.seed, 0x56494445ull}));
+  const int step = std::max(8, o.size / 8) & ~1;
+  std::vector<DemoClip> clips;
+  for (int i = 0; i < o.count; ++i) {
+    DemoClip clip;
+    if (i % 4 == 3) {
+      clip.width = o.size * 2;
+      clip.height = o.size;
+    } else {
+      clip.width = clip.height = o.size + step * static_cast<int>(rng.below(static_cast<uint64_t>(o.size / 2 / step + 1)));
+    }
+    clip.frames = counts[rng.below(counts.size())];
+    const int shape = static_cast<int>(rng.below(3));
+    const int fg = static_cast<int>(rng.below(kNumColours));
+    int bg = static_cast<int>(rng.below(kNumColours - 1));
+    if (bg >= fg) ++bg;
+    const Motion& motion = kMotions[rng.below(sizeof(kMotions) / sizeof(kMotions[0]))];
+    const double r = std::min(clip.width, clip.height) * (0.18 + 0.08 * rng.uniform());
+
+    std::string ext = formats[i % 3];
+    if (ext != ".webp" && io::video_encoder_for(ext).empty()) ext = ".avi";
+    char stem[32];
+    std::snprintf(stem, sizeof(stem), "clip_%04d", i);
+    clip.file = stem + ext;
+    const char* article = kColours[fg].name[0] == 'o' ? "an " : "a ";
+    clip.caption = std::string(article) + kColours[fg].name + " " + kShapes[shape] + " " + motion.words + " on a " +
+                   kColours[bg].name + " background";
+
+    std::vector<io::Image> frames;
+    frames.reserve(clip.frames);
+    const double free_x = clip.width - 2.2 * r, free_y = clip.height - 2.2 * r;
+    for (int f = 0; f < clip.frames; ++f) {
+      const double t = clip.frames > 1 ? static_cast<double>(f) / (clip.frames - 1) : 0.0;
+      const double cx = 1.1 * r + free_x * (motion.x0 + t * (motion.x1 - motion.x0));
+      const double cy = 1.1 * r + free_y * (motion.y0 + t * (motion.y1 - motion.y0));
+      frames.push_back(draw(clip.width, clip.height, shape, kColours[fg], kColours[bg], cx, cy, r));
+    }
+    const std::filesystem::path path = out_dir / clip.file;
+    if (ext == ".webp")
+      io::write_animated_webp(path, frames, o.fps, 95);
+    else
+      io::write_video(path, frames, o.fps);
+    write_file_atomic(out_dir / (std::string(stem) + ".txt"), clip.caption + "\n");
+    clips.push_back(std::move(clip));
+  }
+  return clips;
 }
 
 }  // namespace lt::data

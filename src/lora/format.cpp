@@ -44,6 +44,7 @@ std::string component_of(const std::string& stem, LoRAFormat format) {
   for (const char* c : {"unet", "te1", "te2", "te3", "te", "transformer"}) {
     if (starts_with(stem, std::string("lora_") + c + "_")) return c;
   }
+  if (starts_with(stem, "diffusion_model.")) return "diffusion_model";  // musubi/ComfyUI Wan, dotted
   return stem.substr(0, stem.find('_', stem.find('_') + 1));
 }
 
@@ -415,6 +416,13 @@ std::map<std::string, std::string> kohya_base_model_metadata(const std::string& 
     m["modelspec.architecture"] = std::string(family == "flux" ? "flux-1-dev" : "flux-1-schnell") + "/lora";
     m["modelspec.implementation"] = "https://github.com/black-forest-labs/flux";
     m["modelspec.resolution"] = "1024x1024";
+    return m;
+  } else if (family == "wan21_1.3b" || family == "wan21_14b") {
+    // musubi-tuner's sai_model_spec names the Wan 2.1 task and size in the architecture.
+    m["ss_base_model_version"] = "wan21";
+    m["modelspec.architecture"] = std::string(family == "wan21_14b" ? "wan2.1-t2v-14b" : "wan2.1-t2v-1.3b") + "/lora";
+    m["modelspec.implementation"] = "https://github.com/Wan-Video/Wan2.1";
+    m["modelspec.resolution"] = "832x480";
     return m;
   } else {
     throw InputError("no kohya base-model metadata for the '" + family + "' family");

@@ -9,6 +9,7 @@
 
 #include "loratrain/lora/format.h"
 #include "loratrain/models/key_maps.h"
+#include "loratrain/models/wan/checkpoint.h"
 #include "loratrain/util/error.h"
 
 namespace lt::lora {
@@ -56,8 +57,23 @@ ComponentSpec ComponentSpec::flux_transformer() {
   return s;
 }
 
+ComponentSpec ComponentSpec::wan_transformer() {
+  ComponentSpec s;
+  s.kohya_prefix = "diffusion_model";
+  s.peft_prefix = "transformer";
+  s.is_unet = true;
+  s.target_classes = {"WanTransformerBlock"};
+  s.kohya_dotted = true;
+  s.kohya_path = [](const std::string& module_path) {
+    const std::string native = models::wan::native_transformer_key(module_path + ".weight");
+    return native.substr(0, native.size() - std::string(".weight").size());
+  };
+  return s;
+}
+
 std::string ComponentSpec::kohya_name_of(const std::string& module_path) const {
-  return kohya_name(kohya_prefix, kohya_path ? kohya_path(module_path) : module_path);
+  const std::string path = kohya_path ? kohya_path(module_path) : module_path;
+  return kohya_dotted ? kohya_prefix + "." + path : kohya_name(kohya_prefix, path);
 }
 
 ComponentSpec ComponentSpec::text_encoder(int index) {
@@ -612,7 +628,10 @@ size_t LoRANetworkImpl::add_component(const ComponentSpec& spec, torch::nn::Modu
       if (rank <= 0 && !full_lokr) continue;
       seen.insert(key);
       LoRAModule module = linear ? LoRAModule(kname, pname, linear, options) : LoRAModule(kname, pname, conv, options);
-      register_module(kname, module);
+      // Registered names cannot hold dots (a dotted kohya layout's names have them).
+      std::string registered = kname;
+      std::replace(registered.begin(), registered.end(), '.', '_');
+      register_module(registered, module);
       modules_.push_back(module);
       module_is_unet_.push_back(spec.is_unet);
       ++created;

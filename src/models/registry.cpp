@@ -334,6 +334,8 @@ Detection detect_diffusers_folder(const std::filesystem::path& folder) {
     if (fs::is_directory(folder / "text_encoder_2")) d.evidence += ", text_encoder_2/";
   } else if (d.family == ModelFamily::kFlux) {
     expected = {"transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"};
+  } else if (d.family == ModelFamily::kWan) {
+    expected = {"transformer", "vae", "text_encoder", "tokenizer"};  // WanPipeline: umT5 alone
   }
   for (const auto& component : expected) {
     if (!fs::is_directory(folder / component)) d.missing[component] = component + "/";

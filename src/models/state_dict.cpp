@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -11,6 +12,24 @@
 #include "loratrain/util/strings.h"
 
 namespace lt::models {
+
+std::optional<std::filesystem::path> find_companion(const std::filesystem::path& dir, const std::vector<std::string>& names) {
+  namespace fs = std::filesystem;
+  for (const auto& name : names) {
+    if (name.back() != '*' && fs::exists(dir / name)) return dir / name;
+  }
+  if (!fs::is_directory(dir)) return std::nullopt;
+  for (const auto& name : names) {
+    if (name.back() != '*') continue;
+    std::vector<fs::path> found;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string file = e.path().filename().string();
+      if (starts_with(file, name.substr(0, name.size() - 1)) && ends_with(file, ".safetensors")) found.push_back(e.path());
+    }
+    if (!found.empty()) return *std::min_element(found.begin(), found.end());
+  }
+  return std::nullopt;
+}
 
 std::map<std::string, at::Tensor> module_tensors(torch::nn::Module& module) {
   std::map<std::string, at::Tensor> out;

@@ -15,6 +15,7 @@
 #include "loratrain/io/safetensors.h"
 #include "loratrain/sample/scheduler.h"
 #include "loratrain/models/flux/checkpoint.h"
+#include "loratrain/models/wan/checkpoint.h"
 #include "loratrain/models/key_maps.h"
 #include "loratrain/models/sd/unet.h"
 #include "loratrain/models/sd/vae.h"
@@ -449,6 +450,75 @@ void write_flux_diffusers_folder(const fs::path& out_dir, FluxDemoModels& m, boo
   spdlog::info("demo base: diffusers folder {}", out_dir.string());
 }
 
+// ---------------------------------------------------------------------------------------------
+// Wan 2.1
+
+// The three files of a ComfyUI Wan 2.1 setup, tiny: one 128-wide head (native files carry no config;
+// the loader reads Wan's 128-wide heads from the shapes), 2 blocks, a 64-wide umT5 and a VAE of
+// base width 8 with Wan's levels and temporal downsampling.
+void write_wan(const fs::path& out_dir, const DemoBaseOptions& o) {
+  write_spiece_model(out_dir / "tokenizer");
+  const auto tokenizer = models::load_t5_tokenizer(out_dir / "tokenizer");
+  models::T5Config t5 = models::T5Config::umt5_xxl();
+  t5.vocab_size = tokenizer.vocab_size();
+  t5.d_model = 64;
+  t5.d_kv = 16;
+  t5.num_heads = 4;
+  t5.d_ff = 128;
+  t5.num_layers = 2;
+  models::wan::WanTransformerConfig config;
+  config.num_attention_heads = 1;
+  config.attention_head_dim = 128;
+  config.ffn_dim = 256;
+  config.num_layers = 2;
+  config.text_dim = t5.d_model;
+  config.freq_dim = 64;
+  models::wan::WanVaeConfig vae_config;
+  vae_config.base_dim = 8;
+  models::wan::WanTransformer3DModel transformer(config);
+  models::T5EncoderModel text_encoder(t5);
+  models::wan::AutoencoderKLWan vae(vae_config);
+
+  if (o.diffusers) {
+    // A WanPipeline folder (Wan-AI/Wan2.1-T2V-*-Diffusers): diffusers and transformers names.
+    write_component(out_dir / "transformer", diffusers_config(config.to_json()), *transformer,
+                    "diffusion_pytorch_model.safetensors", o.dtype);
+    write_component(out_dir / "vae", diffusers_config(vae_config.to_json()), *vae, "diffusion_pytorch_model.safetensors",
+                    o.dtype);
+    nlohmann::json umt5 = t5.to_json();
+    umt5["architectures"] = {"UMT5EncoderModel"};
+    write_component(out_dir / "text_encoder", umt5, *text_encoder, "model.safetensors", o.dtype);
+    nlohmann::json scheduler = sample::default_scheduler_config("wan");
+    scheduler["_class_name"] = "UniPCMultistepScheduler";
+    fs::create_directories(out_dir / "scheduler");
+    write_json(out_dir / "scheduler" / "scheduler_config.json", diffusers_config(scheduler));
+    write_json(out_dir / "model_index.json", {{"_class_name", "WanPipeline"},
+                                              {"_diffusers_version", "0.38.0"},
+                                              {"transformer", {"diffusers", "WanTransformer3DModel"}},
+                                              {"vae", {"diffusers", "AutoencoderKLWan"}},
+                                              {"text_encoder", {"transformers", "UMT5EncoderModel"}},
+                                              {"tokenizer", {"transformers", "T5TokenizerFast"}},
+                                              {"scheduler", {"diffusers", "UniPCMultistepScheduler"}}});
+    spdlog::info("demo base: WanPipeline diffusers folder {}", out_dir.string());
+    return;
+  }
+  Tensors tensors;
+  for (auto& [key, value] : models::wan::native_transformer_tensors(*transformer)) tensors.emplace_back(key, stored(value, o.dtype));
+  io::save_safetensors(out_dir / "wan2.1_t2v_tiny.safetensors", tensors,
+                       {{"lora_train_demo", "tiny Wan 2.1 T2V-architecture transformer (native names) with seeded random weights"},
+                        {"seed", std::to_string(o.seed)}});
+  tensors.clear();
+  for (const auto& p : text_encoder->named_parameters(true)) tensors.emplace_back(p.key(), stored(p.value(), o.dtype));
+  std::ifstream spiece(out_dir / "tokenizer" / "spiece.model", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(spiece)), std::istreambuf_iterator<char>());
+  tensors.emplace_back("spiece_model", torch::tensor(std::vector<uint8_t>(bytes.begin(), bytes.end()), torch::kByte));
+  io::save_safetensors(out_dir / "umt5_xxl_fp16.safetensors", tensors, {{"format", "pt"}});
+  tensors.clear();
+  for (auto& [key, value] : models::wan::native_vae_tensors(*vae)) tensors.emplace_back(key, stored(value, o.dtype));
+  io::save_safetensors(out_dir / "wan_2.1_vae.safetensors", tensors, {{"format", "pt"}});
+  spdlog::info("demo base: Wan 2.1 transformer, umT5 and VAE in {}", out_dir.string());
+}
+
 }  // namespace
 
 void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
@@ -463,6 +533,11 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
     throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1");
   }
   torch::manual_seed(options.seed);
+  if (options.arch == DemoArch::kWan21) {
+    if (options.full_size) throw InputError("demo base: wan21 is written tiny only");
+    write_wan(out_dir, options);
+    return;
+  }
   // The vocabulary comes first: its size is the text encoders' vocab_size.
   fs::create_directories(out_dir / "tokenizer");
   models::write_demo_vocabulary(out_dir / "tokenizer", kWords);

@@ -69,6 +69,7 @@ constexpr Trained kTrained[] = {
     {ModelFamily::kSD2, load_sd_model},
     {ModelFamily::kSDXL, load_sdxl_model},
     {ModelFamily::kFlux, load_flux_model},
+    {ModelFamily::kWan, load_wan_model},
 };
 
 std::string family_list() {

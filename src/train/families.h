@@ -24,6 +24,8 @@ std::unique_ptr<DiffusionModel> load_sd_model(const ModelLoadOptions& options, c
 std::unique_ptr<DiffusionModel> load_sdxl_model(const ModelLoadOptions& options, const models::Detection& detection);
 // family_flux.cpp: Flux.1 dev / schnell (FluxTransformer2DModel, 16-channel VAE, CLIP-L + T5-XXL).
 std::unique_ptr<DiffusionModel> load_flux_model(const ModelLoadOptions& options, const models::Detection& detection);
+// family_wan.cpp: Wan 2.1 text-to-video 1.3B / 14B (WanTransformer3DModel, causal video VAE, umT5).
+std::unique_ptr<DiffusionModel> load_wan_model(const ModelLoadOptions& options, const models::Detection& detection);
 
 // Shared by the family files.
 namespace family {

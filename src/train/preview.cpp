@@ -28,6 +28,11 @@ at::Tensor render_preview(DiffusionModel& model, const sample::SamplePrompt& pro
   options.seed = static_cast<uint64_t>(prompt.seed);
   const int64_t latent_h = prompt.height / traits.latent_downscale, latent_w = prompt.width / traits.latent_downscale;
   options.latent_shape = {1, traits.latent_channels, latent_h, latent_w};
+  if (traits.is_video) {
+    // A causal video VAE: the first frame alone, then one latent frame per `stride` frames.
+    const int64_t latent_frames = 1 + (std::max<int64_t>(preview.num_frames, 1) - 1) / traits.latent_frame_stride;
+    options.latent_shape = {1, traits.latent_channels, latent_frames, latent_h, latent_w};
+  }
   options.dtype = preview.dtype;
   options.device = preview.device;
   options.prediction_type = traits.prediction;

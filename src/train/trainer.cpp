@@ -25,6 +25,7 @@
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/image.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/io/video.h"
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
@@ -199,6 +200,8 @@ class Trainer {
   PhaseContext step_context() const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
+  // Frames per loaded sample: the guard's num_frames for a video model, 0 (images) otherwise.
+  int clip_frames() const { return model_ && model_->traits().is_video ? settings_.num_frames : 0; }
   bool sampling_due(int64_t step) const;
   bool unscale_gradients();
 
@@ -566,6 +569,10 @@ void Trainer::prepare_data() {
   options.keep_tokens = d.keep_tokens;
   options.num_repeats = d.num_repeats;
   options.flip_x = d.flip_x;
+  options.num_frames = d.num_frames;
+  options.shrink_video_to_frames = d.shrink_video_to_frames;
+  options.fps = d.fps;
+  options.seed = seed();
   dataset_ = std::make_unique<data::Dataset>(options);
   result_.images_seen.assign(dataset_->size(), 0);
 
@@ -587,6 +594,7 @@ void Trainer::build_caches() {
     options.in_memory = true;
     options.to_disk = d.cache_latents_to_disk;
     options.model_id = model_->model_id() + "|vae";
+    if (clip_frames() > 0) options.num_frames = clip_frames();
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
     cache_latents();
     // On the low-VRAM path the VAE leaves before the text encoder arrives.
@@ -631,7 +639,8 @@ void Trainer::build_caches() {
 void Trainer::cache_latents() {
   auto generator = sample::make_generator(seed() + 1);
   auto stats = latent_cache_->build(batches_->plan(), [this, &generator](const at::Tensor& pixels) {
-    guard_->set_context({0, static_cast<int>(pixels.size(-1)), static_cast<int>(pixels.size(-2)), 1,
+    const int frames = pixels.dim() == 5 ? static_cast<int>(pixels.size(2)) : 1;
+    guard_->set_context({0, static_cast<int>(pixels.size(-1)), static_cast<int>(pixels.size(-2)), frames,
                          static_cast<int>(pixels.size(0)), 0});
     return model_->encode_pixels(pixels, generator).to(at::kCPU);
   });
@@ -754,7 +763,7 @@ PhaseContext Trainer::step_context() const {
   where.height = batch.size.height;
   where.batch = static_cast<int>(batch.items.size());
   where.resolution = batch.resolution;
-  where.frames = 1;
+  where.frames = std::max(clip_frames(), 1);
   return where;
 }
 
@@ -764,7 +773,9 @@ at::Tensor Trainer::latents_for(const data::Batch& batch) {
     for (const auto& item : batch.items) all_cached = all_cached && latent_cache_->contains(item.image, item.placement, item.flip_x);
     if (all_cached) return latent_cache_->batch(batch).to(device_);
   }
-  return model_->encode_pixels(batches_->load_pixels(batch), noise_rng_);
+  const bool clips = clip_frames() > 0 && dataset_->is_video();
+  return model_->encode_pixels(clips ? batches_->load_clip_pixels(batch, clip_frames()) : batches_->load_pixels(batch),
+                               noise_rng_);
 }
 
 // AI Toolkit's unload_text_encoder: unless the captions' embeddings are cached (cache_text_embeddings,
@@ -946,9 +957,14 @@ void Trainer::sample_previews(int64_t step) {
       network_->set_multiplier(prompt.network_multiplier);
       const TextEmbedding negative = traits.embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
       const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
-                                              PreviewOptions{p_->sample.sampler, dtype_, device_});
-      images.push_back(io::tensor_to_image(image));
+                                              PreviewOptions{p_->sample.sampler, dtype_, device_, settings_.sample_num_frames});
+      // A video preview [3, F, H, W]: an animated WebP, and its first frame in the PNGs and the grid.
+      images.push_back(io::tensor_to_image(image.dim() == 4 ? image.select(1, 0) : image));
       io::write_png(folder / fmt::format("{}__{}_{}.png", stamp, step_tag(step), i), images.back());
+      if (image.dim() == 4) {
+        io::write_animated_webp(folder / fmt::format("{}__{}_{}.webp", stamp, step_tag(step), i),
+                                io::video_tensor_to_frames(image), p_->sample.fps);
+      }
     }
   }
   io::write_png(folder / fmt::format("grid_{}.png", step_tag(step)), io::make_grid(images));
@@ -1049,7 +1065,9 @@ void Trainer::apply(const MemorySettings& next) {
   if (change.checkpointing) model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   if (change.attention || change.vae_tiling) model_->set_compute_mode(compute_mode());
   if (batches_ && (change.batch_size || change.buckets)) rebucket(previous);
-  if (latent_cache_ && change.buckets) cache_latents();
+  // Shorter clips: the next loads (a retried step's too) and the latent cache use the new length.
+  if (latent_cache_ && change.frames && clip_frames() > 0) latent_cache_->set_num_frames(clip_frames());
+  if (latent_cache_ && (change.buckets || change.frames)) cache_latents();
   if (change.quantize) {
     quantize_base();
   }
@@ -1245,8 +1263,8 @@ SampleResult Trainer::sample(const SampleRequest& request) {
              const TextEmbedding negative =
                  model_->traits().embedded_guidance ? TextEmbedding{} : text_on_device({prompt.negative});
              const at::Tensor image = render_preview(*model_, prompt, text_on_device({prompt.text}), negative,
-                                                     PreviewOptions{p_->sample.sampler, dtype_, device_});
-             images.push_back(io::tensor_to_image(image));
+                                                     PreviewOptions{p_->sample.sampler, dtype_, device_, settings_.sample_num_frames});
+             images.push_back(io::tensor_to_image(image.dim() == 4 ? image.select(1, 0) : image));  // a clip's first frame
              // A1111's "parameters" text: the prompt, then the settings that reproduce the image.
              parameters.push_back(fmt::format("{}\nNegative prompt: {}\nSteps: {}, Sampler: {}, CFG scale: {}, Seed: {}, "
                                               "Size: {}x{}, Model: {}, LoRA: {}",

@@ -17,23 +17,6 @@
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// HF_HUB_CACHE/models--org--name/{refs/main, snapshots/<rev>/} holding `base` as a diffusers folder.
-void put_in_hub_cache(const fs::path& hub, const std::string& repo, lt::train::DemoArch arch) {
-  std::string folder = "models--" + repo;
-  folder.replace(folder.find('/'), 1, "--");
-  const fs::path dir = hub / folder;
-  fs::create_directories(dir / "refs");
-  std::ofstream(dir / "refs" / "main") << "5f2c1a";
-  lt::train::DemoBaseOptions options;
-  options.arch = arch;
-  options.diffusers = true;
-  lt::train::write_demo_base(dir / "snapshots" / "5f2c1a", options);
-}
-
-}  // namespace
-
 CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a tiny base in the Hugging Face cache",
                 "[train][e2e][aitk]") {
   const auto [job, repo, arch] =
@@ -43,7 +26,7 @@ CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a ti
                                lt::train::DemoArch::kSDXL));
   CATCH_INFO(job);
   const fs::path root = lt::test::scratch_dir("aitk_run_" + job.substr(0, job.find('.')));
-  put_in_hub_cache(root / "hub", repo, arch);
+  lt::test::put_in_hub_cache(root / "hub", repo, arch);
   // Its own images: this executable runs beside test_train, whose shared assets it must not touch.
   lt::data::DemoDataOptions images;
   images.count = 8;
@@ -88,7 +71,7 @@ CATCH_TEST_CASE("AI Toolkit's UI jobs for SD 1.5 and SDXL run to the end on a ti
 CATCH_TEST_CASE("train.unload_text_encoder: prompts encoded once, the text encoder unloaded, previews still made",
                 "[train][e2e][aitk]") {
   const fs::path root = lt::test::scratch_dir("aitk_run_unload");
-  put_in_hub_cache(root / "hub", "stable-diffusion-v1-5/stable-diffusion-v1-5", lt::train::DemoArch::kSD1);
+  lt::test::put_in_hub_cache(root / "hub", "stable-diffusion-v1-5/stable-diffusion-v1-5", lt::train::DemoArch::kSD1);
   lt::data::DemoDataOptions images;
   images.count = 4;
   images.size = 64;
@@ -183,7 +166,7 @@ CATCH_TEST_CASE("AI Toolkit's Flux examples (dev, schnell with its assistant ada
                                std::string("black-forest-labs/FLUX.1-schnell"), lt::train::DemoArch::kFluxSchnell));
   CATCH_INFO(job);
   const fs::path root = lt::test::scratch_dir("aitk_run_" + job.substr(0, job.find('.')));
-  put_in_hub_cache(root / "hub", repo, arch);
+  lt::test::put_in_hub_cache(root / "hub", repo, arch);
   if (arch == lt::train::DemoArch::kFluxSchnell) {
     put_assistant_in_hub_cache(root / "hub", root / "hub" / "models--black-forest-labs--FLUX.1-schnell" / "snapshots" / "5f2c1a");
   }

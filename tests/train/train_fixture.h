@@ -45,6 +45,20 @@ inline const std::filesystem::path& tiny_sdxl() {
   return dir;
 }
 
+// HF_HUB_CACHE/models--org--name/{refs/main, snapshots/<rev>/} holding a tiny base of `arch` as a
+// diffusers folder, as AI Toolkit's repo ids resolve in the local Hugging Face cache.
+inline void put_in_hub_cache(const std::filesystem::path& hub, const std::string& repo, train::DemoArch arch) {
+  std::string folder = "models--" + repo;
+  folder.replace(folder.find('/'), 1, "--");
+  const std::filesystem::path dir = hub / folder;
+  std::filesystem::create_directories(dir / "refs");
+  std::ofstream(dir / "refs" / "main") << "5f2c1a";
+  train::DemoBaseOptions options;
+  options.arch = arch;
+  options.diffusers = true;
+  train::write_demo_base(dir / "snapshots" / "5f2c1a", options);
+}
+
 // A run config over the tiny assets; `extra_train` / `extra_memory` are YAML lines (indented by
 // the caller) added to the train: and memory: sections.
 inline std::filesystem::path write_tiny_config(const std::filesystem::path& run_root, const std::string& name,

@@ -69,6 +69,8 @@ class BatchIterator {
 
   // Pixels [B, 3, H, W] float32 in [-1, 1] for the batch (decoded, resized, flipped, cropped).
   at::Tensor load_pixels(const Batch& batch) const;
+  // Video dataset: [B, 3, F, H, W] (Dataset::load_clip_tensor; F = 1 in a bucket of images).
+  at::Tensor load_clip_pixels(const Batch& batch, int num_frames) const;
 
   // Forwards to BucketPlan::drop_largest_resolution. The current epoch's order is recomputed for
   // the new plan; the position is kept (clamped into the epoch).

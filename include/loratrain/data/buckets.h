@@ -105,6 +105,9 @@ struct ImageShape {
   int width = 0;
   int height = 0;
   std::string name;
+  // A video dataset's clip: clips and images (one frame) get separate buckets, so a batch stacks
+  // into one [B, 3, F, H, W] (AI Toolkit appends the frame count to the bucket key).
+  bool is_clip = false;
 };
 
 // One training sample: an image (index into the shapes), at one resolution set, maybe mirrored.
@@ -119,14 +122,16 @@ struct BucketEntry {
 struct Bucket {
   int resolution = 0;
   Size size;
+  bool is_clip = false;  // holds clips (video dataset) rather than images
   std::vector<size_t> entries;  // indices into BucketPlan::entries(), in dataset order
-  std::string key() const;      // "512:512x384"
+  std::string key() const;      // "512:512x384" ("512:512x384:clips" for clips)
 };
 
 struct HistogramRow {
   int resolution;
   Size size;
   size_t entries;
+  bool is_clip = false;
 };
 
 // What drop_largest_resolution did.

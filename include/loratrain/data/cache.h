@@ -32,6 +32,10 @@ struct CacheOptions {
   // Identifies the encoder: model family, VAE/text-encoder file and dtype, e.g.
   // "sd15|vae=<sha or path+size>|fp32". A different string invalidates every cached tensor.
   std::string model_id;
+  // Frames per clip the latents are made of, for a video dataset (0 = the dataset's num_frames);
+  // part of every clip's key together with the frame sampling, so a changed num_frames, fps or
+  // shrink_video_to_frames misses the cache. Ignored for image datasets (their keys are unchanged).
+  int num_frames = 0;
 };
 
 struct CacheStats {
@@ -42,7 +46,8 @@ struct CacheStats {
 };
 
 // pixels [1, 3, H, W] float32 in [-1, 1] -> latent [1, C, H/f, W/f] (or [C, h, w]); any device
-// and dtype (stored on CPU as returned).
+// and dtype (stored on CPU as returned). For a video dataset the pixels are [1, 3, F, H, W]
+// (Dataset::load_clip_tensor; F = 1 for an image) and the latent [1, C, f, h, w] or [C, f, h, w].
 using LatentEncoder = std::function<at::Tensor(const at::Tensor& pixels)>;
 
 class LatentCache {
@@ -70,7 +75,13 @@ class LatentCache {
   size_t memory_entries() const { return memory_.size(); }
   void clear_memory() { memory_.clear(); }
 
+  // Frames per clip from now on (the OOM guard lowering num_frames); build() again afterwards.
+  void set_num_frames(int num_frames);
+  int num_frames() const;  // the effective value (the dataset's when options say 0)
+
  private:
+  at::Tensor load_pixels(size_t image, const Placement& placement, bool flip_x) const;
+
   const Dataset* dataset_;
   CacheOptions options_;
   std::map<std::string, at::Tensor> memory_;  // by key

@@ -60,4 +60,29 @@ struct DemoItem {
 std::vector<DemoItem> make_demo_dataset(const std::filesystem::path& out_dir,
                                         const DemoDataOptions& options);
 
+// The video demo: a shape gliding across a plain background ("a red circle moving left to right
+// on a blue background"), real video files encoded through FFmpeg, in turn .webm (VP9), .mp4
+// (H.264, or MPEG-4 part 2 where libx264 is missing) and animated .webp (libwebp), each with a
+// caption sidecar. Frame counts are 4k+1 between min_frames and max_frames; every fourth clip is
+// 2:1 landscape. Deterministic for given options and library versions.
+struct DemoVideoOptions {
+  int count = 8;
+  int size = 64;  // even; square clips are size..1.5*size, landscape ones 2*size x size
+  int min_frames = 17;
+  int max_frames = 33;
+  int fps = 16;
+  uint64_t seed = 1234;
+};
+
+struct DemoClip {
+  std::string file;  // "clip_0000.webm"
+  int width = 0;
+  int height = 0;
+  int frames = 0;
+  std::string caption;
+};
+
+std::vector<DemoClip> make_demo_video_dataset(const std::filesystem::path& out_dir,
+                                              const DemoVideoOptions& options);
+
 }  // namespace lt::data

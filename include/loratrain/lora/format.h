@@ -65,7 +65,8 @@ struct LoRAFileInfo {
 // ss_base_model_version; sai_model_spec's modelspec.architecture / .implementation / .resolution),
 // by family: "sd1" (sd_v1), "sd2" (sd_v2, or sd_v2_v with v_prediction), "sdxl" (sdxl_base_v1-0,
 // stable-diffusion-xl-v1-base/lora, Stability-AI/generative-models), "flux" / "flux_schnell"
-// (flux1, flux-1-dev/lora or flux-1-schnell/lora). Throws lt::InputError for other families.
+// (flux1, flux-1-dev/lora or flux-1-schnell/lora), "wan21_1.3b" / "wan21_14b" (wan21,
+// wan2.1-t2v-1.3b/lora or wan2.1-t2v-14b/lora). Throws lt::InputError for other families.
 std::map<std::string, std::string> kohya_base_model_metadata(const std::string& family, bool v_prediction = false);
 
 LoRAFileInfo inspect_lora(const io::SafetensorsFile& file);

@@ -58,8 +58,11 @@ struct ComponentSpec {
   // same path. kohya trains SDXL on its own SGM/LDM-named UNet, so its files say input_blocks.4.1
   // where the diffusers module is down_blocks.1.attentions.0.
   std::function<std::string(const std::string&)> kohya_path;
+  // The kohya layout keeps the dots of the module path (`<kohya_prefix>.<kohya_path>`), as the
+  // musubi/ComfyUI Wan files do (diffusion_model.blocks.0.self_attn.q.lora_down.weight + .alpha).
+  bool kohya_dotted = false;
 
-  // kohya_name(kohya_prefix, kohya_path(module_path)).
+  // kohya_name(kohya_prefix, kohya_path(module_path)), or dotted as above.
   std::string kohya_name_of(const std::string& module_path) const;
 
   // kohya LoRANetwork.UNET_TARGET_REPLACE_MODULE (+ _CONV2D_3X3) over diffusers' UNet names.
@@ -72,6 +75,11 @@ struct ComponentSpec {
   // Every Linear of Flux's double- and single-stream blocks (FluxTransformer2DModel, diffusers
   // names): lora_transformer_transformer_blocks_0_attn_to_q / transformer.transformer_blocks.0.attn.to_q.
   static ComponentSpec flux_transformer();
+  // Every Linear of Wan 2.1's transformer blocks (self/cross attention q/k/v/o, ffn.0/ffn.2: 10 per
+  // block, as musubi's lora_wan and AI Toolkit target): PEFT keys in diffusers names
+  // (transformer.blocks.0.attn1.to_q, AI Toolkit's), the kohya layout in the native names ComfyUI and
+  // musubi use (diffusion_model.blocks.0.self_attn.q, dotted, with .alpha).
+  static ComponentSpec wan_transformer();
   // CLIPAttention/CLIPMLP of a CLIPTextModel. index 0: SD1/SD2's single text encoder (lora_te,
   // text_encoder); 1 and 2: SDXL's (lora_te1/text_encoder, lora_te2/text_encoder_2).
   static ComponentSpec text_encoder(int index = 0);

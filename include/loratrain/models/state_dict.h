@@ -54,6 +54,11 @@ size_t load_state_dict_sharded(torch::nn::Module& module, const std::vector<std:
 // opened (a missing or truncated one is an lt::InputError naming it).
 std::vector<std::shared_ptr<io::SafetensorsFile>> open_component_weights(const std::filesystem::path& folder);
 
+// The first file in `dir` named like one of `names` (tried in order; a name ending in '*' matches
+// any .safetensors file starting with the rest, the first in sorted order): where a bare
+// transformer's companions (text encoders, VAE) sit in a ComfyUI models folder. nullopt when none.
+std::optional<std::filesystem::path> find_companion(const std::filesystem::path& dir, const std::vector<std::string>& names);
+
 // The module's parameters and buffers by name, as load_state_dict sees them.
 std::map<std::string, at::Tensor> module_tensors(torch::nn::Module& module);
 

@@ -1,5 +1,5 @@
-// The embedded demo's tiny base models with seeded random weights: SD1 (the default), SDXL and
-// Flux.1 (dev, schnell).
+// The embedded demo's tiny base models with seeded random weights: SD1 (the default), SDXL,
+// Flux.1 (dev, schnell) and Wan 2.1 text-to-video.
 #pragma once
 #include <c10/core/ScalarType.h>
 
@@ -8,7 +8,7 @@
 
 namespace lt::train {
 
-enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell };
+enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell, kWan21 };
 
 // Pretraining of the tiny SD1 base on generated shapes (lt-make-demo-base --pretrain), so that its
 // images show shapes and colours instead of noise: first the VAE as an autoencoder of shapes in random
@@ -50,6 +50,14 @@ struct DemoBaseOptions {
 // vae.* in LDM names), with OUT/tokenizer/ (CLIP vocabulary) and OUT/tokenizer_2/spiece.model (a
 // SentencePiece model trained on the demo words by Debian's spm_train). With `diffusers`: a
 // FluxPipeline folder whose transformer/ is split into two shards with an index.
+//
+// Wan 2.1: the official/ComfyUI files side by side, as ComfyUI users keep them:
+// OUT/wan2.1_t2v_tiny.safetensors (the transformer in native names: blocks.N.self_attn.q, head.head;
+// 128-wide heads as Wan's), OUT/umt5_xxl_fp16.safetensors (umT5 in transformers names plus the
+// `spiece_model` bytes, as ComfyUI's umT5 files carry the tokenizer), OUT/wan_2.1_vae.safetensors
+// (the causal video VAE in native names), and OUT/tokenizer/spiece.model. With `diffusers`: a
+// WanPipeline folder (transformer/, vae/, text_encoder/ UMT5EncoderModel, tokenizer/, scheduler/).
+// `full_size` is not offered for Wan.
 void write_demo_base(const std::filesystem::path& out_dir, const DemoBaseOptions& options = {});
 
 }  // namespace lt::train

@@ -75,6 +75,8 @@ struct ModelTraits {
   int64_t latent_downscale = 8;          // pixels per latent cell
   int64_t bucket_divisibility = 16;      // bucket sides are multiples of this (pixels)
   bool is_video = false;
+  // Video: frames per latent frame after the first (Wan's causal VAE: F frames -> 1 + (F-1)/4).
+  int64_t latent_frame_stride = 1;
   Objective objective = Objective::ddpm;
   sample::PredictionType prediction = sample::PredictionType::kEpsilon;
   sample::NoiseScheduleConfig noise_schedule;  // the training noise schedule (ddpm)
@@ -135,12 +137,14 @@ class DiffusionModel {
   // Captions -> named embeddings [B, ...] on the device. Gradients flow when the text encoder
   // trains (the caller decides with a NoGradGuard).
   virtual TextEmbedding encode_text(const std::vector<std::string>& captions) = 0;
-  // pixels [B, 3, H, W] in [-1, 1] -> scaled latents. With a generator the VAE's distribution
+  // pixels [B, 3, H, W] in [-1, 1] -> scaled latents [B, C, h, w]; a video model takes clips
+  // [B, 3, F, H, W] (images as F = 1) -> [B, C, f, h, w]. With a generator the VAE's distribution
   // is sampled (as AI Toolkit and kohya cache), otherwise its mean is used.
   virtual at::Tensor encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) = 0;
-  // scaled latents -> images [B, 3, H, W] in [-1, 1], float32 on the CPU.
+  // scaled latents -> images [B, 3, H, W] (video: clips [B, 3, F, H, W]) in [-1, 1], float32 on the CPU.
   virtual at::Tensor decode_latents(const at::Tensor& latents) = 0;
-  // The denoiser: noisy latents [B, C, h, w], timesteps [B] -> prediction like the latents.
+  // The denoiser: noisy latents [B, C, h, w] (video [B, C, f, h, w]), timesteps [B] -> prediction
+  // like the latents.
   virtual at::Tensor predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) = 0;
 
   // The modules adapters attach to (denoiser first, then text encoders when they train).

@@ -16,11 +16,13 @@ struct PreviewOptions {
   std::string sampler;  // sample.sampler ("ddpm", "ddim", "euler", "flowmatch")
   at::ScalarType dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
+  int64_t num_frames = 1;  // video models: frames of the clip (sample.num_frames, 4k+1)
 };
 
 // `text` / `negative_text`: the prompt's and the negative prompt's embeddings on the device
 // (negative_text is not used by models that embed guidance). Runs under no-grad; the caller sets
-// eval mode (EvalScope) and the adapters' multiplier. -> [3, H, W] in [-1, 1], float32 CPU.
+// eval mode (EvalScope) and the adapters' multiplier. -> [3, H, W] (video models: [3, F, H, W]) in
+// [-1, 1], float32 CPU.
 at::Tensor render_preview(DiffusionModel& model, const sample::SamplePrompt& prompt, const TextEmbedding& text,
                           const TextEmbedding& negative_text, const PreviewOptions& options);
 

@@ -107,26 +107,6 @@ const std::vector<int64_t>& shape_of(const io::SafetensorsFile& file, const std:
   return file.info(key).shape;
 }
 
-// Where a bare BFL transformer's companions are looked for: ComfyUI's file names beside it.
-std::optional<fs::path> companion(const fs::path& dir, const std::vector<std::string>& stems) {
-  for (const auto& stem : stems) {
-    if (fs::exists(dir / stem)) return dir / stem;
-  }
-  if (!fs::is_directory(dir)) return std::nullopt;
-  std::vector<fs::path> found;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    for (const auto& stem : stems) {
-      if (stem.back() == '*' && starts_with(name, stem.substr(0, stem.size() - 1)) && ends_with(name, ".safetensors")) {
-        found.push_back(e.path());
-      }
-    }
-  }
-  std::sort(found.begin(), found.end());
-  if (found.empty()) return std::nullopt;
-  return found.front();
-}
-
 template <typename Module>
 Module frozen(Module module) {
   module->eval();
@@ -276,9 +256,9 @@ FluxCheckpoint FluxCheckpoint::open(const fs::path& path, const std::optional<fs
   } else {
     // A bare transformer (flux1-dev.safetensors): the rest as ComfyUI users keep it, beside it.
     const fs::path dir = path.parent_path();
-    auto clip = companion(dir, {"clip_l.safetensors"});
-    auto t5 = companion(dir, {"t5xxl_fp16.safetensors", "t5xxl*"});
-    auto ae = companion(dir, {"ae.safetensors"});
+    auto clip = find_companion(dir, {"clip_l.safetensors"});
+    auto t5 = find_companion(dir, {"t5xxl_fp16.safetensors", "t5xxl*"});
+    auto ae = find_companion(dir, {"ae.safetensors"});
     if (clip) c.clip_path_ = *clip;
     else missing += "\n  text_encoder: clip_l.safetensors beside the transformer";
     if (t5) c.t5_path_ = *t5;

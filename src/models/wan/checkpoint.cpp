@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "loratrain/models/scaled_fp8.h"
+#include "loratrain/models/text/t5_checkpoint.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/util/error.h"
@@ -227,6 +228,120 @@ void load_vae(AutoencoderKLWanImpl& vae, const io::SafetensorsFile& file) {
                      ": not a Wan 2.1 VAE (no decoder.middle.0.residual.0.gamma / decoder.mid_block.resnets.0.norm1.gamma)");
   }
   load_state_dict(vae, file, options);
+}
+
+WanVaeConfig detect_vae_config(const io::SafetensorsFile& file) {
+  const bool native = file.contains("decoder.middle.0.residual.0.gamma");
+  const std::string conv_in = native ? "encoder.conv1.weight" : "encoder.conv_in.weight";
+  const std::string quant = native ? "conv1.weight" : "quant_conv.weight";
+  for (const auto& key : {conv_in, quant}) {
+    if (!file.contains(key)) throw InputError(file.path().string() + ": not a Wan 2.1 VAE ('" + key + "' is missing)");
+  }
+  WanVaeConfig c;
+  c.base_dim = file.info(conv_in).shape[0];
+  c.z_dim = file.info(quant).shape[0] / 2;
+  if (c.z_dim != 16) {
+    throw InputError(file.path().string() + ": a video VAE with " + std::to_string(c.z_dim) +
+                     " latent channels; Wan 2.1's has 16 (the 48-channel one is Wan 2.2's)");
+  }
+  return c;
+}
+
+AutoencoderKLWan load_vae_file(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(path)) throw InputError(path.string() + ": Wan VAE not found");
+  if (fs::is_directory(path)) {
+    AutoencoderKLWan vae(WanVaeConfig::from_json(sd::read_component_config(path), (path / "config.json").string()));
+    load_vae(*vae, *io::SafetensorsFile::open(sd::diffusers_component_weights(path)));
+    return vae;
+  }
+  const auto file = io::SafetensorsFile::open(path);
+  AutoencoderKLWan vae(detect_vae_config(*file));
+  load_vae(*vae, *file);
+  return vae;
+}
+
+namespace {
+
+template <typename Module>
+Module frozen(Module module) {
+  module->eval();
+  for (auto& p : module->parameters()) p.set_requires_grad(false);
+  return module;
+}
+
+}  // namespace
+
+WanCheckpoint WanCheckpoint::open(const std::filesystem::path& path, const std::optional<std::filesystem::path>& vae_path,
+                                  const std::optional<std::filesystem::path>& tokenizer_path) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(path)) throw InputError(path.string() + ": Wan checkpoint not found");
+  WanCheckpoint c;
+  c.path_ = path;
+  c.tokenizer_path_ = tokenizer_path;
+  std::string missing;
+  if (fs::is_directory(path)) {
+    const fs::path transformer = path / "transformer";
+    if (!fs::exists(transformer / "config.json")) missing += "\n  transformer: transformer/config.json";
+    else c.config_ = WanTransformerConfig::from_json(sd::read_component_config(transformer), (transformer / "config.json").string());
+    c.text_encoder_path_ = path / "text_encoder";
+    if (!fs::is_directory(c.text_encoder_path_)) missing += "\n  text_encoder: text_encoder/ (UMT5EncoderModel)";
+    c.vae_path_ = vae_path.value_or(path / "vae");
+    if (!fs::exists(c.vae_path_)) missing += "\n  vae: vae/ or model.vae_path";
+    if (!tokenizer_path && !fs::is_directory(path / "tokenizer")) missing += "\n  tokenizer: tokenizer/ (spiece.model)";
+  } else {
+    const auto file = io::SafetensorsFile::open(path);
+    c.config_ = detect_transformer_config(*file, detect_transformer_layout(*file));
+    // A bare transformer (wan2.1_t2v_1.3B_fp16.safetensors): the rest as ComfyUI users keep it, beside it.
+    const fs::path dir = path.parent_path();
+    if (auto umt5 = find_companion(dir, {"umt5_xxl_fp16.safetensors", "umt5_xxl*", "umt5-xxl*", "umt5*"})) {
+      c.text_encoder_path_ = *umt5;
+    } else {
+      missing += "\n  text_encoder: umt5_xxl_fp16.safetensors (or another umt5*.safetensors) beside the transformer";
+    }
+    if (vae_path) {
+      c.vae_path_ = *vae_path;
+    } else if (auto vae = find_companion(dir, {"wan_2.1_vae.safetensors", "wan_2.1_vae*", "Wan2_1_VAE*", "wan2.1_vae*"})) {
+      c.vae_path_ = *vae;
+    } else {
+      missing += "\n  vae: wan_2.1_vae.safetensors beside the transformer, or model.vae_path";
+    }
+  }
+  if (!missing.empty()) throw InputError(path.string() + ": incomplete Wan 2.1 checkpoint; missing:" + missing);
+  return c;
+}
+
+WanTransformer3DModel WanCheckpoint::load_transformer(std::optional<at::ScalarType> dtype) const {
+  if (is_single_file()) return frozen(load_transformer_file(path_, dtype));
+  WanTransformer3DModel model(config_);
+  if (dtype) model->to(*dtype);
+  LoadOptions options;
+  options.dtype = dtype;
+  load_state_dict_sharded(*model, open_component_weights(path_ / "transformer"), options);
+  return frozen(model);
+}
+
+AutoencoderKLWan WanCheckpoint::load_vae() const { return frozen(load_vae_file(vae_path_)); }
+
+T5EncoderModel WanCheckpoint::load_text_encoder(std::optional<at::ScalarType> dtype) const {
+  T5EncoderModel model = load_t5_encoder(text_encoder_path_, dtype);
+  if (!model->config.bias_in_every_layer()) {
+    throw InputError(text_encoder_path_.string() + ": a T5 encoder with one shared position bias; Wan's text encoder is "
+                     "umT5 (a position bias in every layer): give umt5_xxl*.safetensors");
+  }
+  return frozen(model);
+}
+
+T5Tokenizer WanCheckpoint::load_tokenizer() const {
+  namespace fs = std::filesystem;
+  if (tokenizer_path_) return load_t5_tokenizer(*tokenizer_path_);
+  if (!is_single_file()) return load_t5_tokenizer(path_ / "tokenizer");
+  const auto file = io::SafetensorsFile::open(text_encoder_path_);
+  if (auto embedded = embedded_t5_tokenizer(*file, find_t5_encoder_root(*file))) return *embedded;
+  const fs::path beside = path_.parent_path() / "tokenizer";
+  if (fs::exists(beside)) return load_t5_tokenizer(beside);
+  throw InputError(text_encoder_path_.string() + ": no spiece_model in this umT5 file and no tokenizer/ beside the "
+                   "transformer; set model.tokenizer_path to the umT5 spiece.model");
 }
 
 std::vector<std::pair<std::string, at::Tensor>> native_transformer_tensors(WanTransformer3DModelImpl& model,

@@ -1,5 +1,5 @@
-// lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell] [--diffusers] [--seed N] [--full-size] [--dtype D]
-//                   [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N]]:
+// lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell|wan21] [--diffusers] [--seed N] [--full-size]
+//                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N]]:
 // writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
 // shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
@@ -12,13 +12,13 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"Writes the embedded demo's tiny base model (random weights): SD1 (default), SDXL, Flux.1 dev (flux) "
-               "or Flux.1 schnell (flux-schnell) architecture"};
+               "Flux.1 schnell (flux-schnell) or Wan 2.1 text-to-video (wan21) architecture"};
   std::string out_dir;
   std::string arch = "sd1";
   std::string dtype = "fp32";
   lt::train::DemoBaseOptions options;
   app.add_option("out_dir", out_dir, "folder for model.safetensors and tokenizer/ (or the diffusers folder)")->required();
-  app.add_option("--arch", arch, "architecture")->check(CLI::IsMember({"sd1", "sdxl", "flux", "flux-schnell"}))->capture_default_str();
+  app.add_option("--arch", arch, "architecture")->check(CLI::IsMember({"sd1", "sdxl", "flux", "flux-schnell", "wan21"}))->capture_default_str();
   app.add_flag("--diffusers", options.diffusers, "write a diffusers folder instead of a single-file checkpoint");
   app.add_option("--seed", options.seed, "weight seed")->capture_default_str();
   app.add_flag("--full-size", options.full_size,
@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, lt::train::DemoArch> archs = {{"sd1", lt::train::DemoArch::kSD1},
                                                             {"sdxl", lt::train::DemoArch::kSDXL},
                                                             {"flux", lt::train::DemoArch::kFluxDev},
-                                                            {"flux-schnell", lt::train::DemoArch::kFluxSchnell}};
+                                                            {"flux-schnell", lt::train::DemoArch::kFluxSchnell},
+                                                            {"wan21", lt::train::DemoArch::kWan21}};
   options.arch = archs.at(arch);
   const std::map<std::string, at::ScalarType> dtypes = {{"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16}};
   options.dtype = dtypes.at(dtype);

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "loratrain/io/safetensors.h"
+#include "loratrain/models/text/t5.h"
+#include "loratrain/models/text/t5_tokenizer.h"
 #include "loratrain/models/wan/transformer.h"
 #include "loratrain/models/wan/vae.h"
 
@@ -55,6 +57,45 @@ WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, s
 
 // Native or diffusers VAE names, detected from the keys; throws lt::InputError for a non-Wan VAE file.
 void load_vae(AutoencoderKLWanImpl& vae, const io::SafetensorsFile& file);
+
+// The VAE's sizes from a file's shapes (native or diffusers names): base_dim and z_dim; the levels,
+// res blocks and temporal downsampling of Wan 2.1 (a file of another layout fails the strict load).
+WanVaeConfig detect_vae_config(const io::SafetensorsFile& file);
+// A VAE file (native or diffusers names) or a diffusers vae/ folder (config.json + weights), loaded
+// in fp32 (the VAE's causal convolutions run in fp32, as the pipelines upcast it).
+AutoencoderKLWan load_vae_file(const std::filesystem::path& path);
+
+// A Wan 2.1 text-to-video checkpoint opened and checked once; components load on demand, frozen,
+// in eval mode:
+//   single file        the transformer (native, ComfyUI or diffusers names); beside it, as ComfyUI
+//                      users keep them: umt5_xxl*.safetensors (umT5, with its spiece_model) and
+//                      wan_2.1_vae*.safetensors / Wan2_1_VAE*.safetensors
+//   diffusers folder   model_index.json, transformer/ (one file or shards), vae/, text_encoder/
+//                      (UMT5EncoderModel), tokenizer/ (spiece.model)
+class WanCheckpoint {
+ public:
+  // Throws lt::InputError for a missing path, a non-Wan-2.1-T2V transformer, or missing parts
+  // (naming every one). `vae_path` replaces the companion VAE; `tokenizer_path` (a spiece.model or
+  // a folder holding one) the embedded or companion tokenizer.
+  static WanCheckpoint open(const std::filesystem::path& path, const std::optional<std::filesystem::path>& vae_path = {},
+                            const std::optional<std::filesystem::path>& tokenizer_path = {});
+
+  bool is_single_file() const { return !std::filesystem::is_directory(path_); }
+  const WanTransformerConfig& config() const { return config_; }
+  // The file or folder whose identity names the transformer's weights (cache keys).
+  std::filesystem::path transformer_path() const { return is_single_file() ? path_ : path_ / "transformer"; }
+
+  WanTransformer3DModel load_transformer(std::optional<at::ScalarType> dtype = std::nullopt) const;
+  AutoencoderKLWan load_vae() const;
+  T5EncoderModel load_text_encoder(std::optional<at::ScalarType> dtype = std::nullopt) const;  // umT5
+  T5Tokenizer load_tokenizer() const;
+
+ private:
+  std::filesystem::path path_;
+  std::filesystem::path vae_path_, text_encoder_path_;
+  std::optional<std::filesystem::path> tokenizer_path_;
+  WanTransformerConfig config_;
+};
 
 // The model's tensors under their native names (as official and ComfyUI files store them).
 std::vector<std::pair<std::string, at::Tensor>> native_transformer_tensors(WanTransformer3DModelImpl& model,

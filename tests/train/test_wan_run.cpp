@@ -1,0 +1,293 @@
+// `lora-train run` on Wan 2.1 text-to-video, end to end on the tiny ComfyUI-layout base (transformer in
+// native names, umT5 with its embedded tokenizer, the causal video VAE): a LoRA trains, saves in the
+// musubi/ComfyUI layout and in diffusers/PEFT names whose keys name real modules under each loader's
+// rules, and previews decode a clip; the family's video path (5-D pixels and latents) directly.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "loratrain/diagnose/analyzer.h"
+#include "loratrain/diagnose/fixes.h"
+#include "loratrain/io/safetensors.h"
+#include "loratrain/lora/format.h"
+#include "loratrain/lora/network.h"
+#include "loratrain/models/state_dict.h"
+#include "loratrain/models/wan/checkpoint.h"
+#include "loratrain/train/demo_base.h"
+#include "loratrain/train/diffusion_model.h"
+#include "loratrain/train/objective.h"
+#include "loratrain/train/trainer.h"
+#include "loratrain/util/error.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path& tiny_wan() {
+  static const fs::path dir = [] {
+    auto d = lt::test::scratch_dir(lt::test::per_program("train_wan"));
+    lt::train::DemoBaseOptions options;
+    options.arch = lt::train::DemoArch::kWan21;
+    lt::train::write_demo_base(d / "wan", options);
+    return d / "wan";
+  }();
+  return dir;
+}
+
+fs::path transformer_file() { return tiny_wan() / "wan2.1_t2v_tiny.safetensors"; }
+
+const std::string kSample =
+    "      sample:\n        sample_every: 2\n        width: 64\n        height: 64\n        num_frames: 5\n"
+    "        sample_steps: 2\n        sampler: flowmatch\n        guidance_scale: 5\n        prompts: [\"a red circle\"]\n";
+
+lt::train::RunRequest wan_run(const fs::path& root, const std::string& name, int steps, std::vector<std::string> extra = {}) {
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root, name, steps, "", "", kSample);
+  request.overrides = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
+                       "train.disable_sampling=false", "train.timestep_type=sigmoid"};
+  request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
+  return request;
+}
+
+// The stems of a LoRA file's modules (the key before .lora_down.weight / .lora_A.weight).
+std::set<std::string> stems(const fs::path& path) {
+  std::set<std::string> out;
+  auto file = lt::io::SafetensorsFile::open(path);
+  for (const auto& m : lt::lora::read_lora_modules(*file)) out.insert(m.stem);
+  return out;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("Wan 2.1: the ComfyUI files train a LoRA with previews; musubi/ComfyUI names map to the native weights",
+                "[train][e2e][wan]") {
+  auto root = lt::test::scratch_dir(lt::test::per_program("wan_run"));
+  auto result = lt::train::run_training(wan_run(root, "wn", 4));
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_REQUIRE(result.losses.size() == 4);
+  for (double loss : result.losses) CATCH_CHECK(std::isfinite(loss));
+  const auto run = root / "wn";
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000002.png"));
+  // sample.num_frames 5: each preview is also an animated WebP of its 5 frames.
+  size_t webp = 0;
+  for (const auto& e : fs::directory_iterator(run / "samples")) webp += e.path().extension() == ".webp";
+  CATCH_CHECK(webp == 3);
+
+  auto file = lt::io::SafetensorsFile::open(run / "wn.safetensors");
+  CATCH_CHECK(file->metadata().at("ss_base_model_version") == "wan21");
+  CATCH_CHECK(file->metadata().at("modelspec.architecture") == "wan2.1-t2v-1.3b/lora");
+  // musubi's and ComfyUI's Wan names: diffusion_model.<native module>.lora_down/up.weight + .alpha.
+  CATCH_CHECK(file->contains("diffusion_model.blocks.0.self_attn.q.lora_down.weight"));
+  CATCH_CHECK(file->contains("diffusion_model.blocks.0.self_attn.q.alpha"));
+  CATCH_CHECK(file->contains("diffusion_model.blocks.1.cross_attn.o.lora_up.weight"));
+  CATCH_CHECK(file->contains("diffusion_model.blocks.1.ffn.2.lora_down.weight"));
+  size_t moved = 0;
+  for (const auto& t : file->tensors()) {
+    if (t.name.find("lora_up") != std::string::npos && file->load(t.name).abs().max().item<double>() > 0) ++moved;
+  }
+  CATCH_CHECK(moved > 0);
+  // ComfyUI's Wan LoRA rule: "diffusion_model." + a model weight's key without ".weight". Every
+  // stem names a Linear of the native file; 10 per block (q, k, v, o twice, ffn.0, ffn.2).
+  auto base = lt::io::SafetensorsFile::open(transformer_file());
+  const auto names = stems(run / "wn.safetensors");
+  CATCH_CHECK(names.size() == 20);
+  for (const auto& stem : names) {
+    CATCH_REQUIRE(stem.rfind("diffusion_model.", 0) == 0);
+    CATCH_CHECK(base->contains(stem.substr(std::string("diffusion_model.").size()) + ".weight"));
+  }
+  // And it reads back into the same modules (lora-train sample, resuming from a LoRA).
+  CATCH_CHECK(lt::lora::module_dims_from_file(*file, {lt::lora::ComponentSpec::wan_transformer()}).size() == 20);
+}
+
+CATCH_TEST_CASE("Wan 2.1: save_format diffusers writes AI Toolkit's PEFT names, which name the diffusers modules",
+                "[train][e2e][wan]") {
+  auto root = lt::test::scratch_dir(lt::test::per_program("wan_peft"));
+  auto result = lt::train::run_training(wan_run(root, "wp", 2, {"save.save_format=diffusers", "train.disable_sampling=true"}));
+  CATCH_REQUIRE(result.exit_code == 0);
+  const auto path = root / "wp" / "wp.safetensors";
+  auto file = lt::io::SafetensorsFile::open(path);
+  CATCH_CHECK(file->contains("transformer.blocks.0.attn1.to_q.lora_A.weight"));
+  CATCH_CHECK(file->contains("transformer.blocks.1.attn2.to_out.0.lora_B.weight"));
+  CATCH_CHECK(file->contains("transformer.blocks.0.ffn.net.0.proj.lora_A.weight"));
+  // diffusers' WanPipeline.load_lora_weights: "transformer." + a WanTransformer3DModel module path.
+  auto model = lt::models::wan::load_transformer_file(transformer_file());
+  const auto keys = lt::models::module_tensors(*model);
+  const auto names = stems(path);
+  CATCH_CHECK(names.size() == 20);
+  for (const auto& stem : names) {
+    CATCH_REQUIRE(stem.rfind("transformer.", 0) == 0);
+    CATCH_CHECK(keys.count(stem.substr(std::string("transformer.").size()) + ".weight") == 1);
+  }
+  // Both layouts read back into the same modules.
+  const auto spec = lt::lora::ComponentSpec::wan_transformer();
+  CATCH_CHECK(lt::lora::module_dims_from_file(*file, {spec}).size() == 20);
+}
+
+CATCH_TEST_CASE("Wan 2.1: clips [B, 3, F, H, W] encode to 5-D latents, predict and train; images are 1-frame clips",
+                "[train][wan]") {
+  lt::train::ModelLoadOptions options;
+  options.name_or_path = transformer_file();
+  auto model = lt::train::load_diffusion_model(options);
+  const auto& traits = model->traits();
+  CATCH_CHECK(traits.is_video);
+  CATCH_CHECK(traits.family == lt::playbook::ModelFamily::kWan);
+  CATCH_CHECK(traits.latent_channels == 16);
+  CATCH_CHECK(traits.bucket_divisibility == 16);
+
+  torch::manual_seed(3);
+  const at::Tensor clip = torch::rand({1, 3, 9, 32, 48}) * 2 - 1;
+  const at::Tensor z = model->encode_pixels(clip, std::nullopt);
+  CATCH_CHECK(z.sizes().vec() == std::vector<int64_t>{1, 16, 3, 4, 6});  // 1 + (9 - 1) / 4 latent frames
+  const at::Tensor image_z = model->encode_pixels(clip.select(2, 0), std::nullopt);
+  CATCH_CHECK(image_z.sizes().vec() == std::vector<int64_t>{1, 16, 1, 4, 6});
+  // Causal: the first frame alone encodes as the clip's first latent frame.
+  CATCH_CHECK(torch::allclose(image_z, z.narrow(2, 0, 1), 1e-4, 1e-5));
+  CATCH_CHECK(model->decode_latents(z).sizes().vec() == std::vector<int64_t>{1, 3, 9, 32, 48});
+
+  lt::train::Conditioning c;
+  c.text = model->encode_text({"a red circle"});
+  const at::Tensor& text = c.text.front().second;
+  CATCH_CHECK(text.sizes().vec() == std::vector<int64_t>{1, 512, 64});
+  // The rows past the prompt are zero (Wan's pipeline trims and zero-pads to 512).
+  CATCH_CHECK(text.narrow(1, 100, 412).abs().max().item<double>() == 0.0);
+  CATCH_CHECK(text.narrow(1, 0, 1).abs().max().item<double>() > 0.0);
+
+  lt::train::ObjectiveOptions objective_options;
+  objective_options.timestep_type = "sigmoid";
+  lt::train::TrainingObjective objective(traits, objective_options);
+  auto rng = lt::sample::make_generator(5);
+  const at::Tensor loss = lt::train::training_loss(*model, objective, z, c, rng);
+  CATCH_CHECK(std::isfinite(loss.item<double>()));
+}
+
+CATCH_TEST_CASE("Wan 2.1: incomplete ComfyUI setups get one error naming each missing file", "[train][wan]") {
+  auto dir = lt::test::scratch_dir(lt::test::per_program("wan_incomplete"));
+  fs::copy_file(transformer_file(), dir / "wan2.1_t2v_tiny.safetensors");
+  lt::train::ModelLoadOptions options;
+  options.name_or_path = dir / "wan2.1_t2v_tiny.safetensors";
+  try {
+    lt::train::load_diffusion_model(options);
+    CATCH_FAIL("loaded without its umT5 and VAE");
+  } catch (const lt::InputError& e) {
+    const std::string what = e.what();
+    CATCH_CHECK(what.find("umt5_xxl_fp16.safetensors") != std::string::npos);
+    CATCH_CHECK(what.find("wan_2.1_vae.safetensors") != std::string::npos);
+  }
+  // The VAE given as model.vae_path, and the umT5 beside it: complete.
+  fs::copy_file(tiny_wan() / "umt5_xxl_fp16.safetensors", dir / "umt5_xxl_fp16.safetensors");
+  options.vae_path = tiny_wan() / "wan_2.1_vae.safetensors";
+  CATCH_CHECK(lt::train::load_diffusion_model(options)->traits().is_video);
+}
+
+CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples (1.3B; 14B with quantize and low_vram) run on a tiny WanPipeline in the "
+                "Hugging Face cache",
+                "[train][e2e][aitk][wan]") {
+  const auto [job, repo] = GENERATE(
+      std::make_tuple(std::string("example_wan21_1b_24gb.yaml"), std::string("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")),
+      std::make_tuple(std::string("example_wan21_14b_24gb.yaml"), std::string("Wan-AI/Wan2.1-T2V-14B-Diffusers")));
+  CATCH_INFO(job);
+  const fs::path root = lt::test::scratch_dir(lt::test::per_program("aitk_" + job.substr(0, job.find('.'))));
+  lt::test::put_in_hub_cache(root / "hub", repo, lt::train::DemoArch::kWan21);
+  lt::data::DemoDataOptions images;
+  images.count = 4;
+  images.size = 64;
+  lt::data::make_demo_dataset(root / "images", images);
+  ::setenv("HF_HUB_CACHE", (root / "hub").string().c_str(), 1);
+
+  lt::train::RunRequest request;
+  request.config_path = lt::test::source_dir() / "tests" / "config" / "data" / "aitk" / job;
+  // The paths and the device, as a user changes them; the rest keeps the test short (the
+  // example's 632 px buckets and 832x480x40 previews become 64 px and 64x64x5).
+  request.overrides = {"datasets.0.folder_path=" + (root / "images").string(),
+                       "device=cpu",
+                       "training_folder=" + root.string(),
+                       "datasets.0.resolution=[64]",
+                       "train.steps=3",
+                       "save.save_every=2",
+                       "sample.sample_every=3",
+                       "sample.sample_steps=2",
+                       "sample.width=64",
+                       "sample.height=64",
+                       "sample.num_frames=5"};
+  const auto result = lt::train::run_training(request);
+  ::unsetenv("HF_HUB_CACHE");
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 3);
+  const std::string name = job.find("14b") != std::string::npos ? "my_first_wan21_14b_lora_v1" : "my_first_wan21_1b_lora_v1";
+  const fs::path run = root / name;
+  CATCH_CHECK(fs::exists(run / (name + "_000000002.safetensors")));
+  CATCH_CHECK(fs::exists(run / "samples" / "grid_000000003.png"));
+  auto lora = lt::io::SafetensorsFile::open(run / (name + ".safetensors"));
+  // The examples save in the default layout: musubi/ComfyUI names, rank 32.
+  CATCH_CHECK(lora->contains("diffusion_model.blocks.0.self_attn.q.lora_down.weight"));
+  CATCH_CHECK(lora->info("diffusion_model.blocks.0.self_attn.q.lora_down.weight").shape[0] == 32);
+}
+
+namespace {
+
+nlohmann::json read_report(const fs::path& run) {
+  std::ifstream in(run / "report.json");
+  return nlohmann::json::parse(in);
+}
+
+int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
+  return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, the guard reduces the frames first and the "
+                "run completes; diagnose reads the video spike and names the same next step",
+                "[train][e2e][guard][wan][slow]") {
+  const auto root = lt::test::scratch_dir(lt::test::per_program("wan_guard"));
+  lt::data::DemoVideoOptions clips;
+  clips.count = 2;
+  clips.size = 256;
+  clips.min_frames = 33;
+  clips.max_frames = 33;
+  lt::data::make_demo_video_dataset(root / "clips", clips);
+  // Attention already chunked (the guard's first, exact lever), so the frames are the next one.
+  const std::string memory = "        attention_chunk: 256\n        oom_guard:\n          plan: false\n";
+  auto request = [&](const std::string& name, int steps, int frames, const std::string& budget) {
+    lt::train::RunRequest r;
+    r.config_path = lt::test::write_tiny_config(root, name, steps, "", memory + budget);
+    r.overrides = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
+                   "datasets.0.folder_path=" + (root / "clips").string(), "datasets.0.num_frames=" + std::to_string(frames),
+                   "datasets.0.resolution=[256]", "train.batch_size=1", "sample.num_frames=" + std::to_string(frames),
+                   // Clips encoded in the step (the tiny VAE's peak would otherwise be the cache phase's).
+                   "datasets.0.cache_latents=false"};
+    return r;
+  };
+  // One step of each length with the guard on and no budget: the peaks per phase.
+  CATCH_REQUIRE(lt::train::run_training(request("calib33", 1, 33, "")).exit_code == 0);
+  CATCH_REQUIRE(lt::train::run_training(request("calib17", 1, 17, "")).exit_code == 0);
+  const auto long_clips = read_report(root / "calib33"), short_clips = read_report(root / "calib17");
+  const int64_t peak33 = phase_peak(long_clips, "train_step");
+  const int64_t floor = std::max(phase_peak(long_clips, "load"), phase_peak(short_clips, "train_step"));
+  CATCH_INFO("train_step peak 33 frames " << peak33 << ", floor (load, 17-frame step) " << floor);
+  CATCH_REQUIRE(peak33 > floor);
+  const int64_t budget = floor + (peak33 - floor) / 2;
+
+  auto result = lt::train::run_training(request("spike", 2, 33, "        simulate_vram: " + std::to_string(budget) + "\n"));
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 2);
+  const auto report = read_report(root / "spike");
+  CATCH_INFO(report.at("attempts").dump(1));
+  CATCH_REQUIRE(report.at("attempts").size() >= 1);
+  CATCH_CHECK(report.at("attempts")[0].at("action").get<std::string>() == "reduce_frames");
+  CATCH_REQUIRE(!result.actions.empty());
+  CATCH_CHECK(result.actions[0].find("33 -> 17") != std::string::npos);
+
+  // diagnose on the run's log: lora-train's own video spike, and frames as the next lever.
+  const auto diagnosis = lt::diagnose::diagnose_path((root / "spike" / "log.txt").string());
+  CATCH_CHECK(diagnosis.phase == lt::diagnose::Phase::kVideoSpike);
+  const auto fixes = lt::diagnose::plan_fixes(diagnosis);
+  CATCH_REQUIRE_FALSE(fixes.empty());
+  CATCH_CHECK(fixes.front().id == "num_frames");
+}
