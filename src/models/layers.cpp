@@ -109,6 +109,29 @@ void LinearImpl::quantize_int8() {
   weight.set_data(torch::empty({0}, weight.options()));
 }
 
+void LinearImpl::set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale) {
+  TORCH_CHECK(codes.scalar_type() == torch::kByte && codes.dim() == 2 && codes.size(0) == out_features &&
+                  codes.size(1) == in_features,
+              "fp8 codes must be uint8 [", out_features, ", ", in_features, "], got ", codes.sizes());
+  torch::NoGradGuard no_grad;
+  weight_scale = register_buffer("weight_scale", scale.to(torch::kFloat).reshape({out_features, 1}).contiguous().to(weight.device()));
+  weight_int8 = register_buffer("weight_int8", codes.contiguous().to(weight.device()));
+  weight.set_data(torch::empty({0}, weight.options()));
+}
+
+void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  // A copy: Module::to replaces the buffer's data in place.
+  const torch::Tensor scale = weight_scale.defined() ? weight_scale.detach().clone() : torch::Tensor();
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (scale.defined()) weight_scale.set_data(scale.to(device, torch::kFloat, non_blocking));
+}
+
+void LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
+  const torch::Tensor scale = weight_scale.defined() ? weight_scale.detach().clone() : torch::Tensor();
+  torch::nn::Module::to(dtype, non_blocking);
+  if (scale.defined()) weight_scale.set_data(scale.to(torch::kFloat));
+}
+
 torch::Tensor LinearImpl::dequantized_weight() const { return dequantize(weight_int8, weight_scale); }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
