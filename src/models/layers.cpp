@@ -120,17 +120,16 @@ void LinearImpl::set_fp8_weight(const torch::Tensor& codes, const torch::Tensor&
 }
 
 void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
-  // A copy: Module::to replaces the buffer's data in place.
-  const torch::Tensor scale = weight_scale.defined() ? weight_scale.detach().clone() : torch::Tensor();
-  torch::nn::Module::to(device, dtype, non_blocking);
-  if (scale.defined()) weight_scale.set_data(scale.to(device, torch::kFloat, non_blocking));
+  if (!quantized()) return torch::nn::Module::to(device, dtype, non_blocking);
+  // Module::to would cast the byte codes to `dtype` as well: only the bias (and the empty weight)
+  // take it; the codes keep their type and the scales stay fp32.
+  weight.set_data(weight.to(device, dtype, non_blocking));
+  if (bias.defined()) bias.set_data(bias.to(device, dtype, non_blocking));
+  weight_int8.set_data(weight_int8.to(device, weight_int8.scalar_type(), non_blocking));
+  weight_scale.set_data(weight_scale.to(device, torch::kFloat, non_blocking));
 }
 
-void LinearImpl::to(torch::Dtype dtype, bool non_blocking) {
-  const torch::Tensor scale = weight_scale.defined() ? weight_scale.detach().clone() : torch::Tensor();
-  torch::nn::Module::to(dtype, non_blocking);
-  if (scale.defined()) weight_scale.set_data(scale.to(torch::kFloat));
-}
+void LinearImpl::to(torch::Dtype dtype, bool non_blocking) { to(weight.device(), dtype, non_blocking); }
 
 torch::Tensor LinearImpl::dequantized_weight() const { return dequantize(weight_int8, weight_scale); }
 
