@@ -510,7 +510,10 @@ const Table<ModelConfig>& model_table() {
                     .default_is("= train.dtype"));
     t.push_back(field("quantize", &S::quantize,
                       "Store the frozen base's Linear weights in 8 bits with one scale per output channel, a quarter "
-                      "of fp32's memory: fp8 e4m3 codes for qfloat8 (decoded through a byte table), int8 for qint8.")
+                      "of fp32's memory: fp8 e4m3 codes for qfloat8 (decoded through a byte table), int8 for qint8. "
+                      "Flux with qfloat8: an fp8 file's weights (plain or ComfyUI scaled) are kept as stored, never "
+                      "widened, and the rest is quantized on the host before the model reaches the device (AI "
+                      "Toolkit widens fp8 files to the dtype first).")
                     .lever());
     t.push_back(field("qtype", &S::qtype, "Weight format when quantize is on.")
                     .one_of({"qfloat8", "float8", "qint8", "int8"})
@@ -526,7 +529,7 @@ const Table<ModelConfig>& model_table() {
     t.push_back(field("quantize_te", &S::quantize_te, "Quantize the text encoder(s) too.")
                     .default_is("= quantize")
                     .lever());
-    t.push_back(field("qtype_te", &S::qtype_te, "Weight format of the text encoder(s) when quantize_te is on.")
+    t.push_back(field("qtype_te", &S::qtype_te, "Weight format of the text encoder(s) when quantize_te is on (the denoiser keeps qtype's).")
                     .one_of({"qfloat8", "float8", "qint8", "int8"})
                     .not_yet({"qint4", "uint4", "uint8", "nvfp4", "convrot8"})
                     .normalize(lower_normalize)
@@ -619,7 +622,7 @@ const Table<SampleConfig>& sample_table() {
   static const Table<SampleConfig> t = [] {
     using S = SampleConfig;
     Table<S> t;
-    t.push_back(field("sampler", &S::sampler, "Sampler for previews; must match the model (flowmatch for Flux, Wan).")
+    t.push_back(field("sampler", &S::sampler, "Sampler for previews. Flow-matching models (Flux, Wan) sample with flowmatch only: another name gets a warning and flowmatch; flowmatch on SD 1.x/2.x/SDXL is an error.")
                     .one_of({"ddpm", "ddim", "euler", "flowmatch"})
                     .not_yet({"euler_a", "pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
                               "lcm", "custom_lcm", "mean_flow"})

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "loratrain/io/safetensors.h"
@@ -89,6 +90,51 @@ int64_t product_rank(const LoRAFileModule& m) {
   if (!w2b.empty()) return w2b[0];
   const auto w1b = part_shape(m, "lokr_w1_b");
   return w1b.empty() ? 0 : w1b[0];
+}
+
+// The leaf of `peft_name` in `components`: its spec and module path (nullptr when none owns it).
+const ComponentSpec* owner_of(const std::vector<ComponentSpec>& components, const std::string& peft_name,
+                              std::string* path) {
+  for (const auto& c : components) {
+    if (starts_with(peft_name, c.peft_prefix + ".")) {
+      *path = peft_name.substr(c.peft_prefix.size() + 1);
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<FusedFileModule> fused_of(const std::vector<ComponentSpec>& components, const LoRAModuleImpl& m) {
+  if (m.type() != AdapterType::LoRA || m.is_conv()) return std::nullopt;
+  std::string path;
+  const ComponentSpec* spec = owner_of(components, m.peft_name, &path);
+  if (!spec || !spec->kohya_fused_of) return std::nullopt;
+  return spec->kohya_fused_of(path);
+}
+
+// `up` [sum(rows), sum(ranks)] holds its parts' ups on the diagonal and zeros elsewhere.
+bool block_diagonal(const at::Tensor& up, const std::vector<int64_t>& rows, const std::vector<int64_t>& ranks) {
+  at::Tensor rest = up.clone();
+  int64_t row = 0, col = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rest.narrow(0, row, rows[i]).narrow(1, col, ranks[i]).zero_();
+    row += rows[i];
+    col += ranks[i];
+  }
+  return rest.numel() == 0 || !rest.any().item<bool>();
+}
+
+// The ranks of a fused file module's parts: an even block-diagonal split of its rank (kohya's
+// split_qkv layout, which this project writes), else every part shares the whole down (a kohya
+// module trained on the fused weight).
+std::vector<int64_t> fused_part_ranks(const at::Tensor& up, const std::vector<int64_t>& rows) {
+  const auto n = static_cast<int64_t>(rows.size());
+  const int64_t rank = up.size(1);
+  if (n > 1 && rank % n == 0) {
+    std::vector<int64_t> even(rows.size(), rank / n);
+    if (block_diagonal(up, rows, even)) return even;
+  }
+  return std::vector<int64_t>(rows.size(), rank);
 }
 
 }  // namespace
@@ -189,6 +235,25 @@ std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFil
     std::string name;
     if (*format == LoRAFormat::Kohya) {
       name = m.stem;
+      // A fused module (Flux's lora_unet_double_blocks_0_img_attn_qkv): one entry per part.
+      bool fused = false;
+      for (const auto& c : components) {
+        if (!c.kohya_fused_parts || m.up_shape.size() != 2 || m.down_shape.size() != 2) continue;
+        const auto parts = c.kohya_fused_parts(m.stem, m.up_shape[0], m.down_shape[1]);
+        if (parts.empty()) continue;
+        std::vector<int64_t> rows;
+        for (const auto& p : parts) rows.push_back(p.second);
+        const auto ranks = fused_part_ranks(file.load(m.stem + kUp, at::kFloat), rows);
+        const double scale = m.alpha.value_or(static_cast<double>(m.down_shape[0])) / static_cast<double>(m.down_shape[0]);
+        for (size_t i = 0; i < parts.size(); ++i) {
+          ModuleDims d;
+          d.rank = ranks[i];
+          d.alpha = scale * static_cast<double>(ranks[i]);
+          dims[c.kohya_name_of(parts[i].first)] = d;
+        }
+        fused = true;
+      }
+      if (fused) continue;
     } else {
       for (const auto& c : components) {
         if (starts_with(m.stem, c.peft_prefix + ".")) name = c.kohya_name_of(m.stem.substr(c.peft_prefix.size() + 1));
@@ -212,7 +277,50 @@ std::vector<std::pair<std::string, at::Tensor>> LoRANetworkImpl::state_dict(LoRA
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.reserve(modules_.size() * 3);
+  // kohya: leaves that are parts of one module in kohya's own model (Flux's q, k, v of BFL's fused
+  // qkv) are written as that module, when every part is adapted: the downs stacked, the ups on the
+  // block diagonal, alpha such that alpha / (stacked rank) is the parts' scale. ComfyUI, diffusers
+  // and kohya then apply exactly the trained update (kohya's own split_qkv keeps the parts' alpha,
+  // which these tools read as a third of it).
+  std::map<std::string, std::vector<const LoRAModuleImpl*>> groups;
+  if (format == LoRAFormat::Kohya) {
+    for (const auto& m : modules_) {
+      if (auto f = fused_of(components_, *m)) {
+        auto& g = groups[f->stem];
+        g.resize(f->parts, nullptr);
+        g[f->part] = m.get();
+      }
+    }
+  }
+  std::set<std::string> written;
   for (const auto& m : modules_) {
+    const auto f = format == LoRAFormat::Kohya ? fused_of(components_, *m) : std::nullopt;
+    if (f && std::count(groups.at(f->stem).begin(), groups.at(f->stem).end(), nullptr) == 0) {
+      if (!written.insert(f->stem).second) continue;
+      const auto& parts = groups.at(f->stem);
+      int64_t rows = 0, rank = 0;
+      bool same_scale = true;
+      for (const auto* p : parts) {
+        rows += p->lora_up.size(0);
+        rank += p->rank;
+        same_scale = same_scale && p->scale() == parts[0]->scale();
+      }
+      at::Tensor up = torch::zeros({rows, rank}, parts[0]->lora_up.options());
+      std::vector<at::Tensor> downs;
+      int64_t row = 0, col = 0;
+      for (const auto* p : parts) {
+        downs.push_back(p->lora_down.detach());
+        const at::Tensor u = same_scale ? p->lora_up.detach() : p->lora_up.detach() * p->scale();
+        up.narrow(0, row, u.size(0)).narrow(1, col, p->rank).copy_(u);
+        row += u.size(0);
+        col += p->rank;
+      }
+      const double alpha = (same_scale ? parts[0]->scale() : 1.0) * static_cast<double>(rank);
+      out.emplace_back(f->stem + kDown, torch::cat(downs, 0).to(dtype));
+      out.emplace_back(f->stem + kUp, up.to(dtype));
+      out.emplace_back(f->stem + kAlpha, torch::full({}, alpha, torch::kFloat).to(dtype));
+      continue;
+    }
     if (format == LoRAFormat::Kohya) {
       for (const auto& [part, t] : m->file_parts()) out.emplace_back(m->lora_name + "." + part, t.detach().to(dtype));
       out.emplace_back(m->lora_name + kAlpha, torch::full({}, m->alpha, torch::kFloat).to(dtype));
@@ -312,9 +420,20 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
   std::vector<std::string> mismatched;
   std::vector<std::pair<LoRAModuleImpl*, const LoRAFileModule*>> matches;
   std::set<std::string> used;
+  // Leaves the file holds as parts of fused modules (kohya's Flux qkv / linear1), by file stem.
+  std::map<std::string, std::vector<LoRAModuleImpl*>> fused;
   for (auto& m : modules_) {
     const std::string& stem = kohya ? m->lora_name : m->peft_name;
     auto it = by_stem.find(stem);
+    if (it == by_stem.end() && kohya) {
+      if (auto f = fused_of(components_, *m); f && by_stem.count(f->stem)) {
+        auto& g = fused[f->stem];
+        g.resize(f->parts, nullptr);
+        g[f->part] = m.get();
+        used.insert(f->stem);
+        continue;
+      }
+    }
     if (it == by_stem.end()) {
       report.missing.push_back(stem);
       continue;
@@ -347,6 +466,52 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
   for (const auto& [stem, f] : by_stem) {
     if (!used.count(stem)) report.unexpected.push_back(printable(stem));
   }
+  // Each fused file module split into its parts: (module, down, up, alpha).
+  struct FusedPart {
+    LoRAModuleImpl* module;
+    at::Tensor down, up;
+    double alpha;
+  };
+  std::vector<FusedPart> fused_parts;
+  for (const auto& [stem, parts] : fused) {
+    const LoRAFileModule& f = by_stem.at(stem);
+    if (std::count(parts.begin(), parts.end(), nullptr) > 0) {
+      mismatched.push_back(stem + ": a fused module, but this network adapts only some of its parts");
+      continue;
+    }
+    const at::Tensor down = file.load(stem + kDown, at::kFloat);
+    const at::Tensor up = file.load(stem + kUp, at::kFloat);
+    std::vector<int64_t> rows, ranks;
+    int64_t rank_sum = 0;
+    bool dense = true;
+    for (const auto* p : parts) {
+      rows.push_back(p->lora_up.size(0));
+      ranks.push_back(p->rank);
+      rank_sum += p->rank;
+      dense = dense && p->rank == down.size(0);
+    }
+    const int64_t file_rank = down.size(0);
+    const bool shapes_fit = down.dim() == 2 && up.dim() == 2 && up.size(1) == file_rank &&
+                            up.size(0) == std::accumulate(rows.begin(), rows.end(), int64_t{0}) &&
+                            down.size(1) == parts[0]->lora_down.size(1);
+    const bool split = shapes_fit && rank_sum == file_rank && (parts.size() == 1 || block_diagonal(up, rows, ranks));
+    if (!shapes_fit || (!split && !dense)) {
+      mismatched.push_back(stem + ": file down " + c10::str(down.sizes()) + " up " + c10::str(up.sizes()) +
+                           ", network parts of rank " + c10::str(at::IntArrayRef(ranks)) + " and rows " +
+                           c10::str(at::IntArrayRef(rows)));
+      continue;
+    }
+    const double scale = f.alpha.value_or(static_cast<double>(file_rank)) / static_cast<double>(file_rank);
+    int64_t row = 0, col = 0;
+    for (auto* p : parts) {
+      FusedPart fp{p, split ? down.narrow(0, col, p->rank) : down,
+                   up.narrow(0, row, p->lora_up.size(0)).narrow(1, split ? col : 0, p->rank),
+                   scale * static_cast<double>(p->rank)};
+      fused_parts.push_back(fp);
+      row += p->lora_up.size(0);
+      col += p->rank;
+    }
+  }
   const bool fail = !mismatched.empty() || (strict && (!report.missing.empty() || !report.unexpected.empty()));
   if (fail) {
     std::string msg = file.path().string() + " does not match the LoRA network:";
@@ -364,6 +529,12 @@ LoadReport LoRANetworkImpl::load_weights(const io::SafetensorsFile& file, bool s
     throw InputError(msg);
   }
   torch::NoGradGuard no_grad;
+  for (const auto& fp : fused_parts) {
+    fp.module->lora_down.copy_(fp.down.to(fp.module->lora_down.device()));
+    fp.module->lora_up.copy_(fp.up.to(fp.module->lora_up.device()));
+    fp.module->alpha = fp.alpha;
+    ++report.loaded;
+  }
   const std::string down = kohya ? kDown : kA;
   const std::string up = kohya ? kUp : kB;
   for (auto [m, f] : matches) {

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "loratrain/lora/format.h"
+#include "loratrain/models/flux/checkpoint.h"
 #include "loratrain/models/key_maps.h"
 #include "loratrain/models/wan/checkpoint.h"
 #include "loratrain/util/error.h"
@@ -44,16 +45,84 @@ ComponentSpec ComponentSpec::sdxl_unet(const lt::models::sd::UNetConfig& config)
   return s;
 }
 
+namespace {
+
+// "transformer_blocks.3.attn.to_k" -> ("transformer_blocks", 3, "attn.to_k"); nullopt for other paths.
+struct BlockPath {
+  std::string kind;
+  std::string index;
+  std::string rest;
+};
+std::optional<BlockPath> split_block_path(const std::string& path) {
+  const size_t dot = path.find('.');
+  if (dot == std::string::npos) return std::nullopt;
+  const size_t dot2 = path.find('.', dot + 1);
+  if (dot2 == std::string::npos) return std::nullopt;
+  BlockPath b{path.substr(0, dot), path.substr(dot + 1, dot2 - dot - 1), path.substr(dot2 + 1)};
+  if (b.index.empty() || b.index.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return b;
+}
+
+// The Flux block kinds: diffusers name, kohya stem prefix (BFL name), BFL Linears.
+struct FluxBlockKind {
+  const char* diffusers;
+  const char* kohya;
+  const std::vector<lt::models::flux::BflBlockLinear>& (*linears)();
+};
+const FluxBlockKind kFluxBlocks[] = {
+    {"transformer_blocks", "lora_unet_double_blocks_", &lt::models::flux::bfl_double_block_linears},
+    {"single_transformer_blocks", "lora_unet_single_blocks_", &lt::models::flux::bfl_single_block_linears},
+};
+
+}  // namespace
+
 ComponentSpec ComponentSpec::flux_transformer() {
   ComponentSpec s;
-  // AI Toolkit's names for Flux (diffusers module paths): lora_transformer_<path> in kohya keys
-  // (also OneTrainer's; ComfyUI maps them), transformer.<path> in PEFT keys (AI Toolkit's default).
+  // The leaves' own kohya names are AI Toolkit's (lora_transformer_<diffusers path>, also
+  // OneTrainer's; ComfyUI maps them): files with them load. kohya files are written in BFL's
+  // modules, as kohya's flux_train_network writes them and ComfyUI and diffusers read them.
   s.kohya_prefix = "lora_transformer";
   s.peft_prefix = "transformer";
   s.is_unet = true;
   // Every Linear inside the blocks (AI Toolkit's transformer_only default): attention, MLPs and
   // the blocks' modulation; not the embedders or the final layer.
   s.target_classes = {"FluxTransformerBlock", "FluxSingleTransformerBlock"};
+  s.kohya_fused_of = [](const std::string& path) -> std::optional<FusedFileModule> {
+    const auto b = split_block_path(path);
+    if (!b) return std::nullopt;
+    for (const auto& kind : kFluxBlocks) {
+      if (b->kind != kind.diffusers) continue;
+      for (const auto& l : kind.linears()) {
+        for (size_t i = 0; i < l.diffusers.size(); ++i) {
+          if (l.diffusers[i] == b->rest) {
+            return FusedFileModule{kohya_name(kind.kohya + b->index, l.bfl), i, l.diffusers.size()};
+          }
+        }
+      }
+    }
+    return std::nullopt;
+  };
+  s.kohya_fused_parts = [](const std::string& stem, int64_t out, int64_t in) {
+    std::vector<std::pair<std::string, int64_t>> parts;
+    for (const auto& kind : kFluxBlocks) {
+      const std::string prefix = kind.kohya;
+      if (stem.compare(0, prefix.size(), prefix) != 0) continue;
+      const size_t end = stem.find('_', prefix.size());
+      if (end == std::string::npos) continue;
+      const std::string index = stem.substr(prefix.size(), end - prefix.size());
+      if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) continue;
+      for (const auto& l : kind.linears()) {
+        if (kohya_name(prefix + index, l.bfl) != stem) continue;
+        // q, k and v are as wide as the block's input; linear1's MLP part takes the remaining rows.
+        const auto n = static_cast<int64_t>(l.diffusers.size());
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t rows = n == 1 ? out : (i + 1 < n || out == n * in ? in : out - (n - 1) * in);
+          parts.emplace_back(std::string(kind.diffusers) + "." + index + "." + l.diffusers[i], rows);
+        }
+      }
+    }
+    return parts;
+  };
   return s;
 }
 
@@ -247,7 +316,8 @@ LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::sh
 }
 
 void LoRAModuleImpl::create_product_weights(int64_t out, int64_t in, int64_t k, const at::Tensor& leaf_weight) {
-  leaf_shape_ = leaf_weight.sizes().vec();
+  // A quantized Linear keeps an empty placeholder weight: its shape is [out, in].
+  leaf_shape_ = leaf_weight.numel() > 0 ? leaf_weight.sizes().vec() : std::vector<int64_t>{out, in};
   auto opts = torch::TensorOptions().dtype(torch::kFloat).device(leaf_weight.device());
   auto add = [&](const std::string& key, std::vector<int64_t> shape) {
     product_parts_.emplace_back(key, register_parameter(key, torch::empty(shape, opts)));
@@ -397,7 +467,9 @@ std::vector<std::pair<std::string, at::Tensor>> LoRAModuleImpl::file_parts() con
 // Both leaf kinds: fp32 down/up on the leaf's device, initialised as kohya does.
 void LoRAModuleImpl::create_weights(at::IntArrayRef down_shape, at::IntArrayRef up_shape, const at::Tensor& leaf_weight) {
   TORCH_CHECK(rank > 0, "LoRA module ", lora_name, ": rank must be positive");
-  leaf_shape_ = leaf_weight.sizes().vec();
+  // A quantized Linear keeps an empty placeholder weight: its shape is [out, in(, k, k)].
+  leaf_shape_ = leaf_weight.numel() > 0 ? leaf_weight.sizes().vec() : std::vector<int64_t>{up_shape[0]};
+  if (leaf_weight.numel() == 0) leaf_shape_.insert(leaf_shape_.end(), down_shape.begin() + 1, down_shape.end());
   auto opts = torch::TensorOptions().dtype(torch::kFloat).device(leaf_weight.device());
   lora_down = register_parameter("lora_down_weight", torch::empty(down_shape, opts));
   lora_up = register_parameter("lora_up_weight", torch::empty(up_shape, opts));

@@ -109,6 +109,28 @@ void LinearImpl::quantize_int8() {
   weight.set_data(torch::empty({0}, weight.options()));
 }
 
+void LinearImpl::set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale) {
+  TORCH_CHECK(codes.scalar_type() == torch::kByte && codes.dim() == 2 && codes.size(0) == out_features &&
+                  codes.size(1) == in_features,
+              "fp8 codes must be uint8 [", out_features, ", ", in_features, "], got ", codes.sizes());
+  torch::NoGradGuard no_grad;
+  weight_scale = register_buffer("weight_scale", scale.to(torch::kFloat).reshape({out_features, 1}).contiguous().to(weight.device()));
+  weight_int8 = register_buffer("weight_int8", codes.contiguous().to(weight.device()));
+  weight.set_data(torch::empty({0}, weight.options()));
+}
+
+void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  if (!quantized()) return torch::nn::Module::to(device, dtype, non_blocking);
+  // Module::to would cast the byte codes to `dtype` as well: only the bias (and the empty weight)
+  // take it; the codes keep their type and the scales stay fp32.
+  weight.set_data(weight.to(device, dtype, non_blocking));
+  if (bias.defined()) bias.set_data(bias.to(device, dtype, non_blocking));
+  weight_int8.set_data(weight_int8.to(device, weight_int8.scalar_type(), non_blocking));
+  weight_scale.set_data(weight_scale.to(device, torch::kFloat, non_blocking));
+}
+
+void LinearImpl::to(torch::Dtype dtype, bool non_blocking) { to(weight.device(), dtype, non_blocking); }
+
 torch::Tensor LinearImpl::dequantized_weight() const { return dequantize(weight_int8, weight_scale); }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {

@@ -92,17 +92,10 @@ void apply_scaled_fp8(LoadOptions& options, const ScaledFp8Weights& scaled) {
     auto it = scale_of.find(key);
     if (it == scale_of.end()) return derive ? derive(key, shape) : std::vector<DerivedTensor>{};
     const at::Tensor scale = it->second;
-    // In fp32, rounded once to the target dtype (fp8 values are exact in fp16/bf16/fp32).
-    auto scaled_weight = [scale](const at::Tensor& w) {
-      return (w.to(at::kFloat) * scale.to(w.device())).to(w.scalar_type());
-    };
     // A fused weight (Flux's qkv) is scaled whole, then split as the layout says.
     std::vector<DerivedTensor> parts = derive ? derive(key, shape) : std::vector<DerivedTensor>{};
-    if (parts.empty()) return std::vector<DerivedTensor>{{key, shape, scaled_weight}};
-    for (auto& part : parts) {
-      auto make = part.make;
-      part.make = [make, scaled_weight](const at::Tensor& w) { return make ? make(scaled_weight(w)) : scaled_weight(w); };
-    }
+    if (parts.empty()) parts.push_back(DerivedTensor{key, shape, nullptr});
+    for (auto& part : parts) part.scale = scale;
     return parts;
   };
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "loratrain/models/layers.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -38,12 +39,36 @@ std::map<std::string, at::Tensor> module_tensors(torch::nn::Module& module) {
   return out;
 }
 
+namespace {
+
+// Module key of each Linear's weight -> the Linear (the leaves an fp8 file's codes can go to).
+std::map<std::string, LinearImpl*> linear_weights(torch::nn::Module& module) {
+  std::map<std::string, LinearImpl*> out;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    if (auto* linear = dynamic_cast<LinearImpl*>(item.value().get())) {
+      out[item.key().empty() ? "weight" : item.key() + ".weight"] = linear;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& file, const LoadOptions& options) {
   auto targets = module_tensors(module);
+  const auto linears = linear_weights(module);
+  // A quantized Linear's codes and scales are not checkpoint keys (an earlier shard may have set them).
+  for (const auto& [key, linear] : linears) {
+    if (!linear->quantized()) continue;
+    const std::string stem = key.substr(0, key.size() - std::string("weight").size());
+    targets.erase(stem + "weight_int8");
+    targets.erase(stem + "weight_scale");
+  }
   std::set<std::string> loaded;
   std::vector<std::string> unexpected, mismatched;
   std::map<std::string, std::string> source_of;  // module key -> file key
   std::map<std::string, std::function<at::Tensor(const at::Tensor&)>> make_of;  // derived module keys
+  std::map<std::string, at::Tensor> scale_of;                                   // scaled fp8 weights
 
   for (const auto& info : file.tensors()) {
     if (!options.prefix.empty() && info.name.rfind(options.prefix, 0) != 0) continue;
@@ -70,6 +95,7 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
       }
       source_of[d.module_key] = info.name;
       if (d.make) make_of[d.module_key] = std::move(d.make);
+      if (d.scale.defined()) scale_of[d.module_key] = d.scale;
     }
   }
   std::vector<std::string> missing;
@@ -99,8 +125,29 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
   torch::NoGradGuard no_grad;
   for (const auto& [key, file_key] : source_of) {
     at::Tensor& target = targets[key];
+    const auto make = make_of.find(key);
+    const auto scale = scale_of.find(key);
+    const io::TensorInfo& info = file.info(file_key);
+    if (auto linear = linears.find(key); options.keep_fp8_linear_weights && linear != linears.end() &&
+                                         info.dtype == io::DType::F8_E4M3 && info.shape.size() == 2) {
+      // The stored bytes are the e4m3fn codes; a scale (per tensor or per row) goes to every row.
+      at::Tensor codes = torch::from_blob(const_cast<uint8_t*>(file.data(info)), info.shape, torch::kByte).clone();
+      at::Tensor row_scale = (scale != scale_of.end() ? scale->second.to(at::kFloat) : torch::ones({}, at::kFloat))
+                                 .expand({info.shape[0], 1})
+                                 .contiguous();
+      if (make != make_of.end()) {
+        codes = make->second(codes);
+        row_scale = make->second(row_scale);
+      }
+      linear->second->set_fp8_weight(codes, row_scale);
+      continue;
+    }
     at::Tensor value = file.load(file_key, options.dtype.value_or(target.scalar_type()));
-    if (auto it = make_of.find(key); it != make_of.end()) value = it->second(value).contiguous();
+    if (scale != scale_of.end()) {
+      // In fp32, rounded once to the target dtype (fp8 values are exact in fp16/bf16/fp32).
+      value = (value.to(at::kFloat) * scale->second.to(value.device())).to(value.scalar_type());
+    }
+    if (make != make_of.end()) value = make->second(value).contiguous();
     if (options.dtype && target.scalar_type() != *options.dtype) {
       target.set_data(value.to(target.device()));
     } else {

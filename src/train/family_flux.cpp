@@ -67,7 +67,10 @@ class FluxModel final : public DiffusionModel {
       [this] { return placed(checkpoint_.load_text_encoder(options_.dtype), options_.dtype); }, options_.device};
   // T5 keeps the dtype it was loaded in (in fp16 its `wo` stays fp32, as transformers keeps it).
   family::Releasable<models::T5EncoderModel> text_encoder_2_{[this] {
-                                                               auto t5 = checkpoint_.load_text_encoder_2(options_.dtype);
+                                                               auto t5 = checkpoint_.load_text_encoder_2(options_.dtype, options_.keep_fp8_text_weights);
+                                                               if (options_.keep_fp8_text_weights) {
+                                                                 models::quantize_linear_layers(*t5, models::WeightQuantization::fp8_e4m3);
+                                                               }
                                                                t5->to(options_.device);
                                                                return t5;
                                                              },
@@ -102,7 +105,10 @@ FluxModel::FluxModel(ModelLoadOptions options)
   model_id_ = std::string(dev ? "flux-dev|" : "flux-schnell|") +
               family::file_identity(checkpoint_.is_single_file() ? path : path / "transformer") + "|" +
               c10::toString(options_.dtype);
-  transformer_ = placed(checkpoint_.load_transformer(options_.dtype), options_.dtype);
+  transformer_ = checkpoint_.load_transformer(options_.dtype, options_.keep_fp8_weights);
+  // Quantized before it reaches the device: the device never holds the widened weights.
+  if (options_.keep_fp8_weights) models::quantize_linear_layers(*transformer_, models::WeightQuantization::fp8_e4m3);
+  transformer_ = placed(transformer_, options_.dtype);
   set_compute_mode(options_.compute);
   if (options_.assistant_lora) load_assistant(*options_.assistant_lora);
   if (!options_.defer_encoders) {

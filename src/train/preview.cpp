@@ -4,10 +4,30 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
+#include "loratrain/playbook/vocabulary.h"
 #include "loratrain/sample/sampler.h"
 #include "loratrain/sample/scheduler.h"
+#include "loratrain/util/error.h"
 
 namespace lt::train {
+
+std::string sampler_for_model(const ModelTraits& traits, const std::string& configured) {
+  const sample::SamplerKind kind = sample::sampler_kind_from_name(configured);
+  const bool flow = traits.objective == Objective::flow_matching;
+  const char* family = playbook::to_string(traits.family);
+  if (flow && kind != sample::SamplerKind::kFlowMatch) {
+    spdlog::warn("sample.sampler: {} does not fit {}'s flow-matching objective; previews use flowmatch (set "
+                 "sample.sampler: flowmatch to silence this)", configured, family);
+    return "flowmatch";
+  }
+  if (!flow && kind == sample::SamplerKind::kFlowMatch) {
+    throw InputError(std::string("sample.sampler: flowmatch samples flow-matching models (Flux, Wan); this ") + family +
+                     " base predicts noise: use ddpm, ddim or euler");
+  }
+  return configured;
+}
 
 at::Tensor render_preview(DiffusionModel& model, const sample::SamplePrompt& prompt, const TextEmbedding& text,
                           const TextEmbedding& negative_text, const PreviewOptions& preview) {

@@ -172,6 +172,7 @@ class Trainer {
   void plan_memory();
   void load_model();
   void quantize_base();
+  models::WeightQuantization text_encoder_quantization() const;  // model.qtype_te
   void prepare_data();
   void build_caches();
   void create_optimizer();
@@ -509,9 +510,16 @@ void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
   model_options_.defer_encoders = settings_.low_vram;
+  // A base that trains in fp8 takes an fp8 file's Linear weights as they are stored (AI Toolkit
+  // widens them to the dtype, then quantizes again).
+  model_options_.keep_fp8_weights = settings_.quantize == playbook::Quantize::fp8;
+  model_options_.keep_fp8_text_weights = settings_.quantize != playbook::Quantize::none &&
+                                         p_->model.quantize_te.value_or(false) &&
+                                         text_encoder_quantization() == models::WeightQuantization::fp8_e4m3;
   model_options_.compute = compute_mode();
   model_ = load_diffusion_model(model_options_);
   spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), p_->model.name_or_path);
+  p_->sample.sampler = sampler_for_model(model_->traits(), p_->sample.sampler);
 
   lora::NetworkConfig net;
   const std::string& type = p_->network.type;
@@ -546,12 +554,25 @@ void Trainer::load_model() {
   }
 }
 
-// model.quantize / the guard's quantize_base rung: qfloat8 keeps fp8 e4m3 codes, qint8 int8.
+models::WeightQuantization Trainer::text_encoder_quantization() const {
+  return to_lower(p_->model.qtype_te).find("int8") != std::string::npos ? models::WeightQuantization::int8
+                                                                        : models::WeightQuantization::fp8_e4m3;
+}
+
+// model.quantize / the guard's quantize_base rung: qfloat8 keeps fp8 e4m3 codes, qint8 int8; with
+// quantize_te the text encoders follow in model.qtype_te's format.
 void Trainer::quantize_base() {
   const bool fp8 = settings_.quantize == playbook::Quantize::fp8;
-  const int64_t released = model_->quantize_base(p_->model.quantize_te.value_or(false),
-                                                 fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8);
-  spdlog::info("base weights quantised to {}: {} released", fp8 ? "fp8 (e4m3)" : "int8", format_bytes(released));
+  auto name = [](models::WeightQuantization f) { return f == models::WeightQuantization::int8 ? "int8" : "fp8 (e4m3)"; };
+  const auto format = fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8;
+  int64_t released = model_->quantize_base(false, format);
+  std::string what = fmt::format("base weights quantised to {}", name(format));
+  if (p_->model.quantize_te.value_or(false)) {
+    // The denoiser's Linears are quantized already: this pass reaches only the text encoders'.
+    released += model_->quantize_base(true, text_encoder_quantization());
+    what += fmt::format(", text encoders to {}", name(text_encoder_quantization()));
+  }
+  spdlog::info("{}: {} released", what, format_bytes(released));
 }
 
 void Trainer::prepare_data() {
@@ -1178,6 +1199,7 @@ void Trainer::load_sampling_model(const std::vector<SampleLoRA>& loras) {
   model_options_.train_text_encoder = false;
   model_ = load_diffusion_model(model_options_);
   spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), model_options_.name_or_path.string());
+  p_->sample.sampler = sampler_for_model(model_->traits(), p_->sample.sampler);
   std::vector<lora::ComponentSpec> specs;
   for (const auto& target : model_->lora_targets()) specs.push_back(*target.spec);
   for (const auto& lora_file : loras) {

@@ -4,9 +4,18 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 
+#include "loratrain/config/config.h"
+#include "loratrain/data/demo_data.h"
+#include "loratrain/diagnose/analyzer.h"
+#include "loratrain/diagnose/fixes.h"
+#include "loratrain/io/image.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/lora/format.h"
+#include "loratrain/models/flux/checkpoint.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/train/demo_base.h"
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/error.h"
@@ -103,18 +112,21 @@ CATCH_TEST_CASE("Flux dev: the single file and the diffusers folder train the sa
   size_t moved = 0;
   std::set<std::string> names;
   for (const auto& [name, t] : read_all(run / "fx.safetensors")) {
-    CATCH_CHECK(name.rfind("lora_transformer_", 0) == 0);
+    CATCH_CHECK(name.rfind("lora_unet_", 0) == 0);
     names.insert(name);
     if (name.find("lora_up") != std::string::npos && t.abs().max().item<double>() > 0) ++moved;
   }
   CATCH_CHECK(moved > 0);
-  // Double and single blocks, attention, MLPs and modulation; not the embedders.
-  CATCH_CHECK(names.count("lora_transformer_transformer_blocks_0_attn_to_q.lora_down.weight"));
-  CATCH_CHECK(names.count("lora_transformer_transformer_blocks_1_attn_add_k_proj.lora_up.weight"));
-  CATCH_CHECK(names.count("lora_transformer_transformer_blocks_0_ff_context_net_2.alpha"));
-  CATCH_CHECK(names.count("lora_transformer_single_transformer_blocks_1_proj_mlp.lora_down.weight"));
-  CATCH_CHECK(names.count("lora_transformer_single_transformer_blocks_0_norm_linear.lora_down.weight"));
-  for (const auto& n : names) CATCH_CHECK(n.find("x_embedder") == std::string::npos);
+  // kohya's BFL modules: double and single blocks, attention (fused qkv), MLPs and modulation; not
+  // the embedders.
+  CATCH_CHECK(names.count("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight"));
+  CATCH_CHECK(names.count("lora_unet_double_blocks_1_txt_attn_qkv.lora_up.weight"));
+  CATCH_CHECK(names.count("lora_unet_double_blocks_0_txt_mlp_2.alpha"));
+  CATCH_CHECK(names.count("lora_unet_double_blocks_1_img_mod_lin.alpha"));
+  CATCH_CHECK(names.count("lora_unet_single_blocks_1_linear1.lora_down.weight"));
+  CATCH_CHECK(names.count("lora_unet_single_blocks_0_modulation_lin.lora_down.weight"));
+  CATCH_CHECK(names.size() == 3 * (2 * 10 + 2 * 3));
+  for (const auto& n : names) CATCH_CHECK(n.find("img_in") == std::string::npos);
 }
 
 CATCH_TEST_CASE("Flux: save_format diffusers writes PEFT names; dev embeds train.cfg_scale (or bypasses it), schnell has no guidance",
@@ -236,4 +248,417 @@ CATCH_TEST_CASE("Flux: look-alikes and broken inputs get one clear error, exit 2
   // ... and with that shard missing altogether.
   fs::remove(shard);
   check_rejected(root, "missing_shard", root / "truncated", "diffusion_pytorch_model-00002-of-00002.safetensors");
+}
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// ComfyUI's rules for a LoRA on a BFL-named Flux (comfy/lora.py, weight_adapter/lora.py): kohya
+// stems lora_unet_<BFL module, '.' -> '_'> adapt that weight whole with alpha / rank (rank = the
+// down's rows); PEFT names transformer.<diffusers module> adapt their rows of the fused BFL weight
+// (q, k, v thirds of qkv; q, k, v, mlp of linear1) with scale 1 when the file has no alpha.
+std::map<std::string, at::Tensor> comfy_merge(const std::map<std::string, at::Tensor>& base, const fs::path& lora) {
+  std::map<std::string, at::Tensor> bfl;
+  for (const auto& [key, t] : base) bfl[key] = t.clone();
+  const auto tensors = read_all(lora);
+  auto add = [&bfl](const std::string& key, int64_t offset, int64_t rows, const at::Tensor& delta) {
+    CATCH_REQUIRE(bfl.count(key));
+    at::Tensor& w = bfl.at(key);
+    CATCH_REQUIRE(delta.size(1) == w.size(1));
+    w.narrow(0, offset, rows < 0 ? w.size(0) : rows).add_(delta);
+  };
+  std::map<std::string, std::string> kohya_to_bfl;
+  for (const auto& [key, t] : bfl) {
+    if (key.size() < 7 || key.compare(key.size() - 7, 7, ".weight") != 0) continue;
+    std::string stem = "lora_unet_" + key.substr(0, key.size() - 7);
+    std::replace(stem.begin(), stem.end(), '.', '_');
+    kohya_to_bfl[stem] = key;
+  }
+  for (const auto& [name, t] : tensors) {
+    const std::string down = ".lora_down.weight", a = ".lora_A.weight";
+    if (name.size() > down.size() && name.compare(name.size() - down.size(), down.size(), down) == 0) {
+      const std::string stem = name.substr(0, name.size() - down.size());
+      const at::Tensor up = tensors.at(stem + ".lora_up.weight");
+      const double alpha = tensors.count(stem + ".alpha") ? tensors.at(stem + ".alpha").item<double>() : t.size(0);
+      CATCH_REQUIRE(kohya_to_bfl.count(stem));
+      add(kohya_to_bfl.at(stem), 0, -1, torch::mm(up, t) * (alpha / static_cast<double>(t.size(0))));
+    } else if (name.size() > a.size() && name.compare(name.size() - a.size(), a.size(), a) == 0) {
+      const std::string stem = name.substr(0, name.size() - a.size());
+      const at::Tensor delta = torch::mm(tensors.at(stem + ".lora_B.weight"), t);
+      const std::string path = stem.substr(std::string("transformer.").size());
+      const size_t dot = path.find('.'), dot2 = path.find('.', dot + 1);
+      const std::string kind = path.substr(0, dot), index = path.substr(dot + 1, dot2 - dot - 1), rest = path.substr(dot2 + 1);
+      const int64_t h = delta.size(1);  // the blocks' input width: q, k and v are as wide
+      static const std::map<std::string, std::pair<std::string, int>> double_map = {
+          {"attn.to_q", {"img_attn.qkv", 0}},       {"attn.to_k", {"img_attn.qkv", 1}},
+          {"attn.to_v", {"img_attn.qkv", 2}},       {"attn.add_q_proj", {"txt_attn.qkv", 0}},
+          {"attn.add_k_proj", {"txt_attn.qkv", 1}}, {"attn.add_v_proj", {"txt_attn.qkv", 2}},
+          {"attn.to_out.0", {"img_attn.proj", -1}}, {"attn.to_add_out", {"txt_attn.proj", -1}},
+          {"ff.net.0.proj", {"img_mlp.0", -1}},     {"ff.net.2", {"img_mlp.2", -1}},
+          {"ff_context.net.0.proj", {"txt_mlp.0", -1}}, {"ff_context.net.2", {"txt_mlp.2", -1}},
+          {"norm1.linear", {"img_mod.lin", -1}},    {"norm1_context.linear", {"txt_mod.lin", -1}}};
+      static const std::map<std::string, std::pair<std::string, int>> single_map = {
+          {"attn.to_q", {"linear1", 0}}, {"attn.to_k", {"linear1", 1}}, {"attn.to_v", {"linear1", 2}},
+          {"proj_mlp", {"linear1", 3}},  {"proj_out", {"linear2", -1}}, {"norm.linear", {"modulation.lin", -1}}};
+      const bool dbl = kind == "transformer_blocks";
+      const auto& row = (dbl ? double_map : single_map).at(rest);
+      const std::string key = (dbl ? "double_blocks." : "single_blocks.") + index + "." + row.first + ".weight";
+      if (row.second < 0) add(key, 0, -1, delta);
+      else add(key, row.second * h, delta.size(0), delta);
+    }
+  }
+  return bfl;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("Flux: kohya's BFL layout (fused qkv and linear1, ss_* metadata) merges like the PEFT file in ComfyUI, "
+                "and loads back for sample and inspect",
+                "[train][e2e][flux][lora]") {
+  auto root = lt::test::scratch_dir("flux_kohya");
+  const auto model = tiny_flux() / "dev" / "model.safetensors";
+  auto kohya = lt::train::run_training(flux_run(root / "kohya", "fx", 3, model));
+  auto peft = lt::train::run_training(flux_run(root / "peft", "fx", 3, model, {"save.save_format=diffusers"}));
+  CATCH_REQUIRE(kohya.exit_code == 0);
+  CATCH_REQUIRE(peft.exit_code == 0);
+  CATCH_REQUIRE(kohya.losses == peft.losses);  // the same training, two layouts
+  const auto kohya_file = root / "kohya" / "fx" / "fx.safetensors";
+  const auto peft_file = root / "peft" / "fx" / "fx.safetensors";
+
+  // The fused modules: downs stacked (3 x rank 4), ups block-diagonal, alpha 3 x 4 (scale 1 kept).
+  const auto k = read_all(kohya_file);
+  const at::Tensor qkv_up = k.at("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight");
+  CATCH_CHECK(k.at("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight").sizes() == at::IntArrayRef({12, 64}));
+  CATCH_CHECK(qkv_up.sizes() == at::IntArrayRef({192, 12}));
+  CATCH_CHECK(qkv_up.narrow(0, 0, 64).narrow(1, 4, 8).abs().max().item<double>() == 0.0);
+  CATCH_CHECK(qkv_up.narrow(0, 64, 64).narrow(1, 4, 4).abs().max().item<double>() > 0.0);
+  CATCH_CHECK(k.at("lora_unet_double_blocks_0_img_attn_qkv.alpha").item<double>() == 12.0);
+  CATCH_CHECK(k.at("lora_unet_single_blocks_0_linear1.lora_down.weight").size(0) == 16);
+  CATCH_CHECK(k.at("lora_unet_single_blocks_0_linear1.alpha").item<double>() == 16.0);
+  CATCH_CHECK(k.at("lora_unet_double_blocks_0_img_attn_proj.alpha").item<double>() == 4.0);
+  auto file = lt::io::SafetensorsFile::open(kohya_file);
+  CATCH_CHECK(file->metadata().at("ss_base_model_version") == "flux1");
+  CATCH_CHECK(file->metadata().at("ss_network_module") == "networks.lora");
+  CATCH_CHECK(file->metadata().at("ss_network_dim") == "4");
+
+  // ComfyUI's merge of each file into the base's BFL weights: the same model, within 1e-5.
+  std::map<std::string, at::Tensor> base;
+  const std::string root_key = "model.diffusion_model.";
+  for (const auto& [name, t] : read_all(model)) {
+    if (name.rfind(root_key, 0) == 0) base[name.substr(root_key.size())] = t.to(at::kFloat);
+  }
+  const auto from_kohya = comfy_merge(base, kohya_file);
+  const auto from_peft = comfy_merge(base, peft_file);
+  double largest_change = 0.0, largest_gap = 0.0;
+  for (const auto& [key, w] : base) {
+    largest_change = std::max(largest_change, (from_kohya.at(key) - w).abs().max().item<double>());
+    largest_gap = std::max(largest_gap, (from_kohya.at(key) - from_peft.at(key)).abs().max().item<double>());
+  }
+  CATCH_INFO("largest merged change " << largest_change << ", kohya vs PEFT " << largest_gap);
+  CATCH_CHECK(largest_change > 1e-4);
+  CATCH_CHECK(largest_gap <= 1e-5);
+
+  // inspect: 26 BFL modules (10 per double block, 3 per single block), fused ranks 12 and 16.
+  const auto info = lt::lora::inspect_lora(*file);
+  CATCH_CHECK(info.modules == 26);
+  CATCH_CHECK(info.problems.empty());
+  CATCH_CHECK(info.ranks.at(12) == 4);
+  CATCH_CHECK(info.ranks.at(16) == 2);
+  CATCH_CHECK(info.ranks.at(4) == 20);
+
+  // sample: the kohya file and the PEFT file draw the same image; without the adapter it differs.
+  auto draw = [&](const fs::path& lora, double multiplier, const std::string& out) {
+    lt::train::SampleRequest request;
+    request.config_path = root / "kohya" / "fx.yaml";
+    request.overrides = {"model.name_or_path=" + model.string(), "model.arch=flux"};
+    request.loras = {{lora, multiplier}};
+    request.multiplier_given = true;
+    request.output_dir = root / out;
+    auto result = lt::train::run_sampling(request);
+    CATCH_REQUIRE(result.images.size() == 1);
+    return lt::io::read_image(result.images[0]).pixels;
+  };
+  const auto with_kohya = draw(kohya_file, 1.0, "s_kohya");
+  CATCH_CHECK(with_kohya == draw(peft_file, 1.0, "s_peft"));
+  CATCH_CHECK(with_kohya != draw(kohya_file, 0.0, "s_base"));
+}
+
+CATCH_TEST_CASE("Flux under a simulated VRAM budget: buckets [256, 384, 512] at batch 2 without checkpointing recover "
+                "through the image ladder and finish every step; diagnose names Flux and the next lever",
+                "[train][e2e][flux][guard]") {
+  auto root = lt::test::scratch_dir("flux_guard");
+  lt::data::DemoDataOptions images;
+  images.count = 4;
+  images.size = 512;
+  lt::data::make_demo_dataset(root / "images", images);
+  const auto model = tiny_flux() / "dev" / "model.safetensors";
+  // AI Toolkit's Flux example (resolution [512, 768, 1024]) at half the size: the tiny model's
+  // buckets of 256, 576 and 1024 image tokens beside T5's 512.
+  const std::vector<std::string> shape = {"datasets.0.folder_path=" + (root / "images").string(),
+                                          "datasets.0.resolution=[256, 384, 512]", "model.name_or_path=" + model.string(),
+                                          "model.arch=flux", "train.batch_size=2", "train.gradient_checkpointing=false",
+                                          // Encoded once by the first calibration run: the VAE at 512 px
+                                          // is not what this test measures.
+                                          "datasets.0.cache_latents_to_disk=true"};
+  const std::string reactive = "        oom_guard:\n          plan: false\n";
+  auto run = [&](const std::string& name, int steps, const std::string& memory, std::vector<std::string> extra) {
+    lt::train::RunRequest request;
+    request.config_path = lt::test::write_tiny_config(root / name, name, steps, "", memory, kSample);
+    request.overrides = shape;
+    request.overrides.push_back("train.disable_sampling=false");
+    request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
+    return lt::train::run_training(request);
+  };
+  auto peaks = [&](const std::string& name) { return read_json(root / name / name / "report.json").at("peaks"); };
+  auto peak = [](const nlohmann::json& p, const char* phase) { return p.at(phase).at("peak_allocated").get<int64_t>(); };
+  // Calibration: every bucket at batch 1 with checkpointing (the cheapest way to keep 512), and the
+  // same without the 512 bucket.
+  CATCH_REQUIRE(run("with512", 3, "", {"train.batch_size=1", "train.gradient_checkpointing=true"}).exit_code == 0);
+  CATCH_REQUIRE(run("without512", 3, "",
+                    {"train.batch_size=1", "train.gradient_checkpointing=true", "datasets.0.resolution=[256, 384]"})
+                    .exit_code == 0);
+  const auto with512 = peaks("with512"), without512 = peaks("without512");
+  int64_t floor_peak = std::max(peak(without512, "train_step"), peak(without512, "cache"));
+  for (const char* phase : {"load", "baseline_sample", "sample", "save"}) {
+    if (with512.contains(phase)) floor_peak = std::max(floor_peak, peak(with512, phase));
+  }
+  const int64_t need512 = peak(with512, "train_step");
+  CATCH_INFO("train_step peak with the 512 bucket " << need512 << ", without " << peak(without512, "train_step")
+                                                    << ", other phases " << floor_peak);
+  CATCH_REQUIRE(need512 > floor_peak * 21 / 20);
+  const int64_t budget = floor_peak + (need512 - floor_peak) / 2;
+
+  const int steps = 8;  // more than an epoch's worth of 512 batches after the recovery
+  auto guarded = run("guarded", steps, reactive + "        simulate_vram: " + std::to_string(budget) + "\n", {});
+  const auto report = read_json(root / "guarded" / "guarded" / "report.json");
+  CATCH_INFO(report.at("attempts").dump(1));
+  CATCH_REQUIRE(guarded.exit_code == 0);
+  CATCH_CHECK(guarded.steps_completed == steps);
+  for (double loss : guarded.losses) CATCH_CHECK(std::isfinite(loss));
+  std::vector<std::string> actions;
+  for (const auto& a : report.at("attempts")) actions.push_back(a.at("action").get<std::string>());
+  auto took = [&actions](const char* a) { return std::find(actions.begin(), actions.end(), a) != actions.end(); };
+  // The ladder: checkpointing (and batch 1 with accumulation when a 512 batch fails first), then
+  // the largest bucket goes; the base is never quantized for it.
+  CATCH_CHECK(took("enable_checkpointing"));
+  CATCH_CHECK_FALSE(took("quantize_base"));
+  CATCH_CHECK(report.at("final_settings").at("quantize") == "none");
+  // The run's result, log and report list each change.
+  std::ifstream log_file(root / "guarded" / "guarded" / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  CATCH_CHECK(log.find("loaded flux base") != std::string::npos);
+  bool dropped = false;
+  for (const auto& change : guarded.actions) {
+    CATCH_CHECK(log.find(change) != std::string::npos);
+    dropped = dropped || change.find("datasets.resolution: drop 512") != std::string::npos;
+  }
+  CATCH_CHECK(dropped == took("drop_largest_bucket"));
+  CATCH_CHECK(std::find(guarded.actions.begin(), guarded.actions.end(), "train.gradient_checkpointing: false -> true") !=
+              guarded.actions.end());
+  // The working settings are written down, with the effective batch kept.
+  auto effective = lt::config::load_config(root / "guarded" / "guarded" / "effective.yaml");
+  const auto& p = lt::config::the_process(effective);
+  CATCH_CHECK(p.train.gradient_checkpointing);
+  CATCH_CHECK(p.train.batch_size * p.train.gradient_accumulation == 2);
+
+  // diagnose reads the log as an OOM of lora-train on Flux, skips what the guard already did and
+  // names the guard's next lever first: batch 1 when the guard kept batch 2, else the previews.
+  auto diagnosis = lt::diagnose::diagnose_path((root / "guarded" / "guarded" / "log.txt").string());
+  CATCH_CHECK(diagnosis.oom);
+  CATCH_CHECK(diagnosis.trainer == lt::diagnose::Trainer::kLoraTrain);
+  CATCH_CHECK(diagnosis.family == lt::diagnose::ModelFamily::kFlux);
+  auto fixes = lt::diagnose::plan_fixes(diagnosis);
+  CATCH_REQUIRE_FALSE(fixes.empty());
+  std::string fix_ids;
+  for (const auto& fix : fixes) fix_ids += fix.id + " ";
+  CATCH_INFO("fixes: " << fix_ids);
+  for (const auto& fix : fixes) CATCH_CHECK(fix.id != "gradient_checkpointing");
+  if (took("batch_to_one")) {
+    for (const auto& fix : fixes) CATCH_CHECK(fix.config_key.find("batch_size") == std::string::npos);
+    CATCH_CHECK(fixes.front().config_key.find("sampl") != std::string::npos);
+  } else {
+    CATCH_CHECK(fixes.front().config_key.find("batch_size") != std::string::npos);
+  }
+}
+
+CATCH_TEST_CASE("Flux previews with a sampler that does not fit flow matching: a warning and flowmatch; flowmatch on SD is "
+                "an error",
+                "[train][e2e][flux]") {
+  auto root = lt::test::scratch_dir("flux_sampler");
+  const auto model = tiny_flux() / "dev" / "model.safetensors";
+  auto flow = lt::train::run_training(flux_run(root / "flow", "fx", 2, model));
+  auto ddpm = lt::train::run_training(flux_run(root / "ddpm", "fx", 2, model, {"sample.sampler=ddpm"}));
+  CATCH_REQUIRE(flow.exit_code == 0);
+  CATCH_REQUIRE(ddpm.exit_code == 0);
+  std::ifstream log_file(root / "ddpm" / "fx" / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  CATCH_CHECK(log.find("sample.sampler: ddpm does not fit flux's flow-matching objective; previews use flowmatch") !=
+              std::string::npos);
+  // The same previews as with flowmatch named.
+  const auto grid = fs::path("fx") / "samples" / "grid_000000002.png";
+  CATCH_CHECK(lt::io::read_image(root / "flow" / grid).pixels == lt::io::read_image(root / "ddpm" / grid).pixels);
+
+  // An SD base has no flow-matching objective: flowmatch is refused up front (exit 2).
+  lt::train::RunRequest sd;
+  sd.config_path = lt::test::write_tiny_config(root / "sd", "sd", 2, "", "", kSample);
+  sd.overrides = {"train.disable_sampling=false"};
+  try {
+    lt::train::run_training(sd);
+    CATCH_FAIL("flowmatch on an SD base was accepted");
+  } catch (const lt::Error& e) {
+    CATCH_CHECK(static_cast<int>(e.code()) == 2);
+    CATCH_CHECK_THAT(std::string(e.what()), Catch::Contains("flowmatch samples flow-matching models"));
+  }
+  CATCH_CHECK_FALSE(fs::exists(root / "sd" / "sd" / "sd.safetensors"));
+}
+
+namespace {
+
+// A safetensors file written byte by byte (LibTorch 1.13 has no float8 dtype to save).
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+RawTensor raw(const std::string& name, const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  std::string dtype = c.scalar_type() == torch::kFloat ? "F32" : c.scalar_type() == torch::kHalf ? "F16" : "BF16";
+  if (c.scalar_type() == torch::kByte) dtype = "F8_E4M3";  // e4m3fn codes
+  return {name, dtype, c.sizes().vec(),
+          std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()))};
+}
+
+void write_raw(const fs::path& path, const std::vector<RawTensor>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::string data;
+  for (const auto& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data += t.bytes;
+  }
+  const std::string text = header.dump();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xFF);
+  std::ofstream(path, std::ios::binary) << bytes << text << data;
+}
+
+// The tiny all-in-one file with its transformer and T5 in fp8 e4m3fn: `scaled` as ComfyUI's
+// *_fp8_scaled files (2-D weights as codes of w / scale with a per-tensor scale_weight, a scaled_fp8
+// marker, the rest as it was), else plain (every transformer and T5 tensor as codes, as
+// flux1-dev-fp8 / t5xxl_fp8_e4m3fn).
+fs::path fp8_copy(const fs::path& source, const fs::path& target, bool scaled) {
+  const std::string transformer = lt::models::flux::kComfyTransformerRoot, t5 = lt::models::flux::kComfyT5Root;
+  std::vector<RawTensor> out;
+  if (scaled) {
+    out.push_back({transformer + "scaled_fp8", "F8_E4M3", {0}, ""});
+    out.push_back({t5 + "scaled_fp8", "F8_E4M3", {0}, ""});
+  }
+  for (const auto& [name, t] : read_all(source)) {
+    const bool ours = name.rfind(transformer, 0) == 0 || name.rfind(t5, 0) == 0;
+    const bool weight = t.dim() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    if (!ours || !t.is_floating_point() || (scaled && !weight)) {
+      out.push_back(raw(name, t));
+    } else if (scaled) {
+      const at::Tensor scale = t.to(at::kFloat).abs().max().clamp_min(1e-8) / 448.0;
+      out.push_back(raw(name, lt::models::fp8_e4m3_encode(t.to(at::kFloat) / scale)));
+      out.push_back(raw(name.substr(0, name.size() - 7) + ".scale_weight", scale.reshape({})));
+    } else {
+      out.push_back(raw(name, lt::models::fp8_e4m3_encode(t.to(at::kFloat))));
+    }
+  }
+  write_raw(target, out);
+  return target;
+}
+
+int64_t tensor_bytes(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel() * static_cast<int64_t>(p.element_size());
+  for (const auto& b : m.buffers()) n += b.numel() * static_cast<int64_t>(b.element_size());
+  return n;
+}
+
+size_t quantized_linears(torch::nn::Module& m) {
+  size_t n = 0;
+  for (const auto& module : m.modules()) {
+    if (auto* l = dynamic_cast<lt::models::LinearImpl*>(module.get()); l && l->quantized()) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("Flux fp8 files (plain and scaled) load into the 8-bit Linear path without widening, with the same outputs",
+                "[flux][fp8][quantize]") {
+  namespace flux = lt::models::flux;
+  auto root = lt::test::scratch_dir("flux_fp8");
+  const auto source = tiny_flux() / "dev" / "model.safetensors";
+  for (const bool scaled : {false, true}) {
+    CATCH_INFO((scaled ? "scaled fp8" : "plain fp8"));
+    const fs::path dir = root / (scaled ? "scaled" : "plain");
+    fs::create_directories(dir);
+    fs::copy(tiny_flux() / "dev" / "tokenizer", dir / "tokenizer", fs::copy_options::recursive);
+    fs::copy(tiny_flux() / "dev" / "tokenizer_2", dir / "tokenizer_2", fs::copy_options::recursive);
+    const auto file = fp8_copy(source, dir / "model.safetensors", scaled);
+    const auto checkpoint = flux::FluxCheckpoint::open(file);
+
+    auto wide = checkpoint.load_transformer(at::kFloat);
+    auto kept = checkpoint.load_transformer(at::kFloat, /*keep_fp8=*/true);
+    size_t linears = 0;
+    for (const auto& module : kept->modules()) linears += dynamic_cast<lt::models::LinearImpl*>(module.get()) ? 1 : 0;
+    CATCH_CHECK(quantized_linears(*wide) == 0);
+    CATCH_CHECK(quantized_linears(*kept) == linears);  // every Linear weight of the file is fp8
+    const int64_t wide_bytes = tensor_bytes(*wide), kept_bytes = tensor_bytes(*kept);
+    CATCH_INFO("transformer weights after load: widened to fp32 " << wide_bytes << " B, kept in fp8 " << kept_bytes << " B");
+    CATCH_CHECK(kept_bytes * 10 < wide_bytes * 4);
+    // The same model: the codes decode to the values the widened load computed.
+    torch::manual_seed(3);
+    flux::FluxInputs in;
+    const auto& c = wide->config;
+    in.hidden_states = torch::randn({1, 16, c.in_channels});
+    in.encoder_hidden_states = torch::randn({1, 8, c.joint_attention_dim});
+    in.pooled_projections = torch::randn({1, c.pooled_projection_dim});
+    in.timestep = torch::full({1}, 0.4);
+    in.guidance = torch::full({1}, 3.5);
+    in.img_ids = torch::zeros({16, 3});
+    in.txt_ids = torch::zeros({8, 3});
+    torch::NoGradGuard no_grad;
+    const at::Tensor a = wide->forward(in), b = kept->forward(in);
+    CATCH_CHECK((a - b).abs().max().item<double>() <= 1e-5 * std::max(1.0, a.abs().max().item<double>()));
+    // Placing the model in a dtype leaves the codes bytes and the scales fp32.
+    kept->to(torch::kBFloat16);
+    kept->to(torch::kFloat);
+    CATCH_CHECK(tensor_bytes(*kept) == kept_bytes);
+    for (const auto& module : kept->modules()) {
+      if (auto* l = dynamic_cast<lt::models::LinearImpl*>(module.get())) {
+        CATCH_CHECK(l->weight_int8.scalar_type() == torch::kByte);
+        CATCH_CHECK(l->weight_scale.scalar_type() == torch::kFloat);
+      }
+    }
+
+    // T5 as well (quantize_te with qtype_te qfloat8).
+    auto t5_wide = checkpoint.load_text_encoder_2(at::kFloat);
+    auto t5_kept = checkpoint.load_text_encoder_2(at::kFloat, /*keep_fp8=*/true);
+    CATCH_CHECK(quantized_linears(*t5_kept) > 0);
+    CATCH_INFO("T5 weights after load: widened " << tensor_bytes(*t5_wide) << " B, kept " << tensor_bytes(*t5_kept) << " B");
+    CATCH_CHECK(tensor_bytes(*t5_kept) < tensor_bytes(*t5_wide));
+    const at::Tensor ids = torch::randint(0, 100, {1, 12}, torch::kLong);
+    const at::Tensor ta = t5_wide->forward(ids), tb = t5_kept->forward(ids);
+    CATCH_CHECK((ta - tb).abs().max().item<double>() <= 1e-5 * std::max(1.0, ta.abs().max().item<double>()));
+  }
+
+  // A run with model.quantize (qfloat8, and quantize_te) on the fp8 file trains on the codes.
+  lt::train::RunRequest request;
+  request.config_path = lt::test::write_tiny_config(root / "run", "fp8run", 2);
+  request.overrides = {"model.name_or_path=" + (root / "plain" / "model.safetensors").string(), "model.arch=flux",
+                       "model.quantize=true", "model.qtype=qfloat8", "model.quantize_te=true", "model.qtype_te=qint8"};
+  auto result = lt::train::run_training(request);
+  CATCH_REQUIRE(result.exit_code == 0);
+  for (double loss : result.losses) CATCH_CHECK(std::isfinite(loss));
+  std::ifstream log_file(root / "run" / "fp8run" / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  CATCH_CHECK(log.find("base weights quantised to fp8 (e4m3), text encoders to int8") != std::string::npos);
 }

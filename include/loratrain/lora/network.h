@@ -42,6 +42,13 @@ struct UNetConfig;
 namespace lt::lora {
 
 // One model component an adapter set is built on, with its names in both file formats.
+// One leaf's place in a fused kohya file module (see ComponentSpec::kohya_fused_of).
+struct FusedFileModule {
+  std::string stem;  // e.g. lora_unet_double_blocks_0_img_attn_qkv
+  size_t part = 0;
+  size_t parts = 1;
+};
+
 struct ComponentSpec {
   std::string kohya_prefix;  // "lora_unet", "lora_te", "lora_te1", "lora_te2"
   std::string peft_prefix;   // "unet", "text_encoder", "text_encoder_2"
@@ -65,6 +72,17 @@ struct ComponentSpec {
   // kohya_name(kohya_prefix, kohya_path(module_path)), or dotted as above.
   std::string kohya_name_of(const std::string& module_path) const;
 
+  // Where kohya's own trainer has one module for several of these leaves, kohya files name that
+  // module: Flux's to_q/to_k/to_v of double block N are parts 0-2 of
+  // lora_unet_double_blocks_N_img_attn_qkv (BFL's fused Linear). Such a file module stacks its
+  // parts' downs and holds their ups block-diagonally (kohya's split_qkv layout). Unset: every leaf
+  // is its own file module under kohya_name_of.
+  std::function<std::optional<FusedFileModule>(const std::string& module_path)> kohya_fused_of;
+  // The inverse: the module paths a file module `stem` holds and each one's rows of the fused
+  // weight, given the fused weight's out rows and in features; empty when `stem` is not one.
+  std::function<std::vector<std::pair<std::string, int64_t>>(const std::string& stem, int64_t out, int64_t in)>
+      kohya_fused_parts;
+
   // kohya LoRANetwork.UNET_TARGET_REPLACE_MODULE (+ _CONV2D_3X3) over diffusers' UNet names.
   static ComponentSpec sd_unet();
   // The same targets on SDXL's UNet, kohya-named by the LDM/SGM module paths of `config`'s LDM key
@@ -73,7 +91,10 @@ struct ComponentSpec {
   // kohya's sdxl_train_network writes them; PEFT names stay diffusers' (unet.down_blocks...).
   static ComponentSpec sdxl_unet(const lt::models::sd::UNetConfig& config);
   // Every Linear of Flux's double- and single-stream blocks (FluxTransformer2DModel, diffusers
-  // names): lora_transformer_transformer_blocks_0_attn_to_q / transformer.transformer_blocks.0.attn.to_q.
+  // names). kohya files use BFL's modules, as kohya's flux_train_network writes them
+  // (lora_unet_double_blocks_0_img_attn_qkv fused, lora_unet_single_blocks_0_linear1 ...);
+  // files with AI Toolkit's/OneTrainer's lora_transformer_transformer_blocks_0_attn_to_q names load
+  // too; PEFT names are transformer.transformer_blocks.0.attn.to_q.
   static ComponentSpec flux_transformer();
   // Every Linear of Wan 2.1's transformer blocks (self/cross attention q/k/v/o, ffn.0/ffn.2: 10 per
   // block, as musubi's lora_wan and AI Toolkit target): PEFT keys in diffusers names

@@ -37,7 +37,16 @@ class LinearImpl : public torch::nn::Module {
   // `weight` becomes an empty placeholder; the base weight never trains.
   void quantize_int8();
   void quantize(WeightQuantization format);  // quantize_int8() or the fp8 e4m3 codes
+  // Takes an fp8 checkpoint's e4m3fn byte codes [out, in] and fp32 scales [out, 1] (1 for plain fp8
+  // files, ComfyUI's scale_weight for scaled ones) as the frozen weight, as stored: the state
+  // quantize(fp8_e4m3) leaves, without a widened copy.
+  void set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale);
   bool quantized() const { return weight_int8.defined(); }
+  // Module::to, but a quantized weight's scales stay fp32 whatever the dtype (a bf16 scale would
+  // round every weight of its row).
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
   torch::Tensor dequantized_weight() const;  // [out, in] in the scale's dtype
 
   int64_t in_features;

@@ -21,6 +21,9 @@ struct DerivedTensor {
   std::string module_key;
   std::vector<int64_t> shape;                          // the derived tensor's shape, checked before loading
   std::function<at::Tensor(const at::Tensor&)> make;   // file tensor -> module tensor
+  // ComfyUI's scaled fp8: the stored tensor times this fp32 scale (0-d or [out, 1]), applied to the
+  // whole file tensor before `make`. Undefined: none.
+  at::Tensor scale{};
 };
 
 struct LoadOptions {
@@ -36,6 +39,10 @@ struct LoadOptions {
   // For a key (after rename) that is not stored as is: the module tensors derived from it, given
   // the file tensor's shape; an empty result means the key maps one to one.
   std::function<std::vector<DerivedTensor>(const std::string& key, const std::vector<int64_t>& shape)> derive;
+  // A Linear weight stored as float8 e4m3fn stays in 8 bits: its byte codes (through `make`, e.g.
+  // the rows of a fused qkv) and scale become the Linear's fp8 weight (LinearImpl::set_fp8_weight),
+  // never widened. For frozen bases that train with model.quantize (qfloat8).
+  bool keep_fp8_linear_weights = false;
 };
 
 // Loads every parameter and buffer of `module` from `file`. Collects all missing, unexpected and

@@ -19,6 +19,12 @@ struct PreviewOptions {
   int64_t num_frames = 1;  // video models: frames of the clip (sample.num_frames, 4k+1)
 };
 
+// The sampler previews use with a model of `traits`: the configured one when it fits the model's
+// objective. A flow-matching model (Flux, Wan) samples with the flow-match Euler scheduler only:
+// another name (ddpm is AI Toolkit's default sample.sampler; its Flux examples name flowmatch) gets
+// a warning and flowmatch. flowmatch on a noise-prediction model (SD, SDXL) throws lt::InputError.
+std::string sampler_for_model(const ModelTraits& traits, const std::string& configured);
+
 // `text` / `negative_text`: the prompt's and the negative prompt's embeddings on the device
 // (negative_text is not used by models that embed guidance). Runs under no-grad; the caller sets
 // eval mode (EvalScope) and the adapters' multiplier. -> [3, H, W] (video models: [3, F, H, W]) in

@@ -27,6 +27,35 @@ struct BflTensor {
   bool swap_halves = false;         // BFL [shift; scale] vs diffusers [scale; shift]
 };
 
+}  // namespace
+
+const std::vector<BflBlockLinear>& bfl_double_block_linears() {
+  static const std::vector<BflBlockLinear> table = {
+      {"img_mod.lin", {"norm1.linear"}},
+      {"txt_mod.lin", {"norm1_context.linear"}},
+      {"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
+      {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
+      {"img_attn.proj", {"attn.to_out.0"}},
+      {"txt_attn.proj", {"attn.to_add_out"}},
+      {"img_mlp.0", {"ff.net.0.proj"}},
+      {"img_mlp.2", {"ff.net.2"}},
+      {"txt_mlp.0", {"ff_context.net.0.proj"}},
+      {"txt_mlp.2", {"ff_context.net.2"}},
+  };
+  return table;
+}
+
+const std::vector<BflBlockLinear>& bfl_single_block_linears() {
+  static const std::vector<BflBlockLinear> table = {
+      {"linear1", {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}},
+      {"linear2", {"proj_out"}},
+      {"modulation.lin", {"norm.linear"}},
+  };
+  return table;
+}
+
+namespace {
+
 // Every BFL tensor of a model of `config`.
 std::vector<BflTensor> bfl_layout(const FluxConfig& config) {
   std::vector<BflTensor> t;
@@ -50,28 +79,25 @@ std::vector<BflTensor> bfl_layout(const FluxConfig& config) {
   }
   for (int64_t i = 0; i < config.num_layers; ++i) {
     const std::string b = "double_blocks." + std::to_string(i) + ".", d = "transformer_blocks." + std::to_string(i) + ".";
-    linear(b + "img_mod.lin", {d + "norm1.linear"});
-    linear(b + "txt_mod.lin", {d + "norm1_context.linear"});
-    linear(b + "img_attn.qkv", {d + "attn.to_q", d + "attn.to_k", d + "attn.to_v"});
-    linear(b + "txt_attn.qkv", {d + "attn.add_q_proj", d + "attn.add_k_proj", d + "attn.add_v_proj"});
+    for (const auto& l : bfl_double_block_linears()) {
+      std::vector<std::string> parts;
+      for (const auto& p : l.diffusers) parts.push_back(d + p);
+      linear(b + l.bfl, parts);
+    }
     scale(b + "img_attn.norm.query_norm.scale", d + "attn.norm_q.weight");
     scale(b + "img_attn.norm.key_norm.scale", d + "attn.norm_k.weight");
     scale(b + "txt_attn.norm.query_norm.scale", d + "attn.norm_added_q.weight");
     scale(b + "txt_attn.norm.key_norm.scale", d + "attn.norm_added_k.weight");
-    linear(b + "img_attn.proj", {d + "attn.to_out.0"});
-    linear(b + "txt_attn.proj", {d + "attn.to_add_out"});
-    linear(b + "img_mlp.0", {d + "ff.net.0.proj"});
-    linear(b + "img_mlp.2", {d + "ff.net.2"});
-    linear(b + "txt_mlp.0", {d + "ff_context.net.0.proj"});
-    linear(b + "txt_mlp.2", {d + "ff_context.net.2"});
   }
   for (int64_t i = 0; i < config.num_single_layers; ++i) {
     const std::string b = "single_blocks." + std::to_string(i) + ".", d = "single_transformer_blocks." + std::to_string(i) + ".";
-    linear(b + "linear1", {d + "attn.to_q", d + "attn.to_k", d + "attn.to_v", d + "proj_mlp"});
-    linear(b + "linear2", {d + "proj_out"});
+    for (const auto& l : bfl_single_block_linears()) {
+      std::vector<std::string> parts;
+      for (const auto& p : l.diffusers) parts.push_back(d + p);
+      linear(b + l.bfl, parts);
+    }
     scale(b + "norm.query_norm.scale", d + "attn.norm_q.weight");
     scale(b + "norm.key_norm.scale", d + "attn.norm_k.weight");
-    linear(b + "modulation.lin", {d + "norm.linear"});
   }
   linear("final_layer.linear", {"proj_out"});
   linear("final_layer.adaLN_modulation.1", {"norm_out.linear"}, /*swap=*/true);
@@ -149,7 +175,7 @@ FluxConfig detect_bfl_config(const io::SafetensorsFile& file, const std::string&
 }
 
 void load_bfl_transformer(FluxTransformer2DModelImpl& model, const io::SafetensorsFile& file, const std::string& root,
-                          std::optional<at::ScalarType> dtype) {
+                          std::optional<at::ScalarType> dtype, bool keep_fp8) {
   const auto layout = std::make_shared<std::vector<BflTensor>>(bfl_layout(model.config));
   auto by_key = std::make_shared<std::map<std::string, size_t>>();
   for (size_t i = 0; i < layout->size(); ++i) (*by_key)[(*layout)[i].key] = i;
@@ -159,6 +185,7 @@ void load_bfl_transformer(FluxTransformer2DModelImpl& model, const io::Safetenso
   LoadOptions options;
   options.prefix = root;
   options.dtype = dtype;
+  options.keep_fp8_linear_weights = keep_fp8;
   // Fused and reordered BFL tensors go through derive under a marker name; plain ones are renamed.
   options.rename = [by_key, layout, root](const std::string& key) -> std::string {
     auto it = by_key->find(key);
@@ -274,14 +301,15 @@ FluxCheckpoint FluxCheckpoint::open(const fs::path& path, const std::optional<fs
   return c;
 }
 
-FluxTransformer2DModel FluxCheckpoint::load_transformer(std::optional<at::ScalarType> dtype) const {
+FluxTransformer2DModel FluxCheckpoint::load_transformer(std::optional<at::ScalarType> dtype, bool keep_fp8) const {
   FluxTransformer2DModel model(config_);
   if (dtype) model->to(*dtype);
   if (file_) {
-    load_bfl_transformer(*model, *file_, root_, dtype);
+    load_bfl_transformer(*model, *file_, root_, dtype, keep_fp8);
   } else {
     LoadOptions options;
     options.dtype = dtype;
+    options.keep_fp8_linear_weights = keep_fp8;
     const auto files = open_component_weights(path_ / "transformer");
     load_state_dict_sharded(*model, files, options);
   }
@@ -303,10 +331,10 @@ CLIPTextModel FluxCheckpoint::load_text_encoder(std::optional<at::ScalarType> dt
   return frozen(model);
 }
 
-T5EncoderModel FluxCheckpoint::load_text_encoder_2(std::optional<at::ScalarType> dtype) const {
-  if (all_in_one_) return frozen(load_t5_encoder(*file_, kComfyT5Root, dtype));
-  if (file_) return frozen(load_t5_encoder(t5_path_, dtype));
-  return frozen(load_t5_encoder(path_ / "text_encoder_2", dtype));
+T5EncoderModel FluxCheckpoint::load_text_encoder_2(std::optional<at::ScalarType> dtype, bool keep_fp8) const {
+  if (all_in_one_) return frozen(load_t5_encoder(*file_, kComfyT5Root, dtype, std::nullopt, keep_fp8));
+  if (file_) return frozen(load_t5_encoder(t5_path_, dtype, keep_fp8));
+  return frozen(load_t5_encoder(path_ / "text_encoder_2", dtype, keep_fp8));
 }
 
 sd::AutoencoderKL FluxCheckpoint::load_vae() const {

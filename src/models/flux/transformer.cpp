@@ -8,6 +8,7 @@
 
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/models/json_fields.h"
+#include "loratrain/models/sd/unet.h"
 #include "loratrain/util/error.h"
 
 namespace lt::models::flux {
@@ -32,13 +33,8 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return (xf * c + rotated * s).to(x.scalar_type());
 }
 
-// diffusers get_timestep_embedding(t, 256, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin].
-at::Tensor timestep_projection(const at::Tensor& t, int64_t dim = 256) {
-  const int64_t half = dim / 2;
-  at::Tensor exponent = torch::arange(0, half, t.options().dtype(at::kFloat)) * (-std::log(10000.0) / static_cast<double>(half));
-  at::Tensor args = t.to(at::kFloat).unsqueeze(1) * exponent.exp().unsqueeze(0);
-  return torch::cat({args.cos(), args.sin()}, -1);
-}
+// diffusers Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin].
+at::Tensor timestep_projection(const at::Tensor& t) { return sd::timestep_embedding(t.reshape({-1}), 256, true, 0.0); }
 
 }  // namespace
 

@@ -105,17 +105,18 @@ LoadOptions encoder_load_options(const io::SafetensorsFile& file, const std::str
 }  // namespace
 
 T5EncoderModel load_t5_encoder(const io::SafetensorsFile& file, const std::string& root,
-                               std::optional<at::ScalarType> dtype, std::optional<T5Config> config) {
+                               std::optional<at::ScalarType> dtype, std::optional<T5Config> config, bool keep_fp8) {
   const T5Config c = config ? *config : detect_t5_config(file, root);
   T5EncoderModel model = make_t5_encoder(c, dtype.value_or(at::kFloat));
   LoadOptions options = encoder_load_options(file, root);
+  options.keep_fp8_linear_weights = keep_fp8;
   apply_scaled_fp8(options, read_scaled_fp8(file, root));
   load_state_dict(*model, file, options);  // each tensor converted to its parameter's dtype
   model->eval();
   return model;
 }
 
-T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<at::ScalarType> dtype) {
+T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<at::ScalarType> dtype, bool keep_fp8) {
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) {
     const fs::path config = path / "config.json";
@@ -125,7 +126,7 @@ T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<
     }
     // One file or the shards (FLUX.1's text_encoder_2/ holds two) with their index.
     const auto files = open_component_weights(path);
-    if (files.size() == 1) return load_t5_encoder(*files[0], "", dtype, T5Config::from_file(config));
+    if (files.size() == 1) return load_t5_encoder(*files[0], "", dtype, T5Config::from_file(config), keep_fp8);
     T5EncoderModel model = make_t5_encoder(T5Config::from_file(config), dtype.value_or(at::kFloat));
     // Where shared.weight is stored decides how the tied copy is read, as for one file.
     const io::SafetensorsFile* with_shared = files[0].get();
@@ -133,6 +134,7 @@ T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<
       if (f->contains(kT5SharedEmbeddingKey)) with_shared = f.get();
     }
     LoadOptions options = encoder_load_options(*with_shared, "");
+    options.keep_fp8_linear_weights = keep_fp8;
     for (const auto& f : files) {
       if (!read_scaled_fp8(*f, "").empty()) {
         throw InputError(f->path().string() + ": a sharded T5 checkpoint with scaled fp8 weights is not supported");
@@ -147,7 +149,7 @@ T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<
                      "model.safetensors, or a .safetensors file such as t5xxl_fp16.safetensors)");
   }
   auto file = io::SafetensorsFile::open(path);
-  return load_t5_encoder(*file, find_t5_encoder_root(*file), dtype);
+  return load_t5_encoder(*file, find_t5_encoder_root(*file), dtype, std::nullopt, keep_fp8);
 }
 
 std::optional<T5Tokenizer> embedded_t5_tokenizer(const io::SafetensorsFile& file, const std::string& root,

@@ -8,6 +8,7 @@
 
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/models/json_fields.h"
+#include "loratrain/models/sd/unet.h"
 #include "loratrain/util/error.h"
 
 namespace lt::models::wan {
@@ -25,13 +26,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 // diffusers get_timestep_embedding(t, dim, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin].
-at::Tensor sinusoid(const at::Tensor& t, int64_t dim) {
-  const int64_t half = dim / 2;
-  const at::Tensor exponent =
-      torch::arange(0, half, t.options().dtype(at::kFloat)) * (-std::log(10000.0) / static_cast<double>(half));
-  const at::Tensor args = t.to(at::kFloat).unsqueeze(1) * exponent.exp().unsqueeze(0);
-  return torch::cat({args.cos(), args.sin()}, -1);
-}
+at::Tensor sinusoid(const at::Tensor& t, int64_t dim) { return sd::timestep_embedding(t, dim, true, 0.0); }
 
 }  // namespace
 

@@ -13,7 +13,8 @@
 // BFL -> diffusers: fused qkv rows split into to_q/to_k/to_v (add_*_proj for text), single blocks'
 // linear1 rows split into to_q/to_k/to_v/proj_mlp, final_layer.adaLN_modulation.1's halves swapped
 // (BFL shift, scale; diffusers scale, shift). Block counts and widths come from the shapes.
-// fp8 files (plain or ComfyUI scaled) are widened to the compute dtype as they are read.
+// fp8 files (plain or ComfyUI scaled) are widened to the compute dtype as they are read, or, for a
+// base that trains quantized to fp8 (keep_fp8), their Linear weights stay the 8-bit codes they are.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -39,13 +40,25 @@ inline constexpr const char* kComfyClipLRoot = "text_encoders.clip_l.transformer
 inline constexpr const char* kComfyT5Root = "text_encoders.t5xxl.transformer.";
 inline constexpr const char* kComfyVAERoot = "vae.";
 
+// A Linear of BFL's Flux blocks and the diffusers Linears it holds, stacked on rows in this order
+// (img_attn.qkv holds attn.to_q, to_k, to_v); paths relative to the block (double_blocks.N. /
+// transformer_blocks.N., single_blocks.N. / single_transformer_blocks.N.).
+struct BflBlockLinear {
+  std::string bfl;
+  std::vector<std::string> diffusers;
+};
+// Every Linear of a double-stream and of a single-stream block.
+const std::vector<BflBlockLinear>& bfl_double_block_linears();
+const std::vector<BflBlockLinear>& bfl_single_block_linears();
+
 // The transformer's config from BFL-named shapes under `root`.
 FluxConfig detect_bfl_config(const io::SafetensorsFile& file, const std::string& root);
 
 // Loads a BFL-named transformer under `root` strictly (every missing, unexpected, mis-shaped key
-// at once, in BFL names). `dtype`: weights converted as read (nullopt: fp32).
+// at once, in BFL names). `dtype`: weights converted as read (nullopt: fp32). `keep_fp8`: fp8
+// Linear weights stay 8-bit codes (LoadOptions::keep_fp8_linear_weights).
 void load_bfl_transformer(FluxTransformer2DModelImpl& model, const io::SafetensorsFile& file, const std::string& root,
-                          std::optional<at::ScalarType> dtype = std::nullopt);
+                          std::optional<at::ScalarType> dtype = std::nullopt, bool keep_fp8 = false);
 
 // The model's weights in BFL names under `root` (fused qkv and linear1, BFL's adaLN order), as
 // BFL and ComfyUI files store them.
@@ -62,9 +75,11 @@ class FluxCheckpoint {
   bool guidance_embeds() const { return config_.guidance_embeds; }
   const FluxConfig& config() const { return config_; }
 
-  FluxTransformer2DModel load_transformer(std::optional<at::ScalarType> dtype = std::nullopt) const;
+  // `keep_fp8`: Linear weights an fp8 file stores as e4m3fn stay 8-bit codes with their scales (the
+  // frozen fp8 path of model.quantize), never widened to `dtype`.
+  FluxTransformer2DModel load_transformer(std::optional<at::ScalarType> dtype = std::nullopt, bool keep_fp8 = false) const;
   CLIPTextModel load_text_encoder(std::optional<at::ScalarType> dtype = std::nullopt) const;      // CLIP-L
-  T5EncoderModel load_text_encoder_2(std::optional<at::ScalarType> dtype = std::nullopt) const;   // T5
+  T5EncoderModel load_text_encoder_2(std::optional<at::ScalarType> dtype = std::nullopt, bool keep_fp8 = false) const;
   sd::AutoencoderKL load_vae() const;  // fp32, scaling/shift of Flux (0.3611, 0.1159) for single files
   // tokenizer/ (CLIP BPE): `tokenizer_path`, the folder's, or tokenizer/ beside a single file.
   CLIPTokenizer load_tokenizer(const std::optional<std::filesystem::path>& tokenizer_path) const;

@@ -42,13 +42,15 @@ T5Config detect_t5_config(const io::SafetensorsFile& file, const std::string& ro
 // multiplied out); nullopt keeps fp32. The model is built directly in that dtype. In fp16 the `wo`
 // projections stay fp32, as transformers keeps them (_keep_in_fp32_modules), so the feed-forward
 // output and the residual stream after it do not overflow fp16.
+// `keep_fp8`: Linear weights stored as fp8 e4m3fn stay 8-bit codes (LoadOptions::keep_fp8_linear_weights).
 T5EncoderModel load_t5_encoder(const io::SafetensorsFile& file, const std::string& root,
                                std::optional<at::ScalarType> dtype = std::nullopt,
-                               std::optional<T5Config> config = std::nullopt);
+                               std::optional<T5Config> config = std::nullopt, bool keep_fp8 = false);
 
 // `path`: a transformers folder (config.json + model.safetensors) or a single .safetensors file
 // (the encoder found by find_t5_encoder_root). Throws lt::InputError naming what was looked for.
-T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<at::ScalarType> dtype = std::nullopt);
+T5EncoderModel load_t5_encoder(const std::filesystem::path& path, std::optional<at::ScalarType> dtype = std::nullopt,
+                               bool keep_fp8 = false);
 
 // The tokenizer a ComfyUI umT5 file carries as `<root>spiece_model`; nullopt when it has none.
 std::optional<T5Tokenizer> embedded_t5_tokenizer(const io::SafetensorsFile& file, const std::string& root,
