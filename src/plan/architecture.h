@@ -72,12 +72,15 @@ struct ModelSource {
   playbook::ModelFamily family = playbook::ModelFamily::kUnknown;
   std::optional<std::filesystem::path> checkpoint;  // single file or diffusers folder
   std::optional<std::filesystem::path> vae;         // model.vae_path
+  std::string name;                                 // model.name_or_path as written (a variant's name: "...-schnell")
 };
 
 // The family's architecture; throws lt::InputError for a family without an activation model.
+// A family adds one make_<family>_architecture below and one case in families.cpp.
 std::unique_ptr<Architecture> make_architecture(const ModelSource& source);
 
 // families.cpp dispatches to one of these.
 std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source);
+std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source);
 
 }  // namespace lt::plan

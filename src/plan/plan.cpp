@@ -104,6 +104,7 @@ class SettingsPlanner final : public Planner {
   bool quantize_text_encoder_ = false;
   bool cache_latents_ = false;
   bool cache_text_ = true;
+  bool unload_text_ = false;  // train.unload_text_encoder: the text encoders leave after the cache phase
   bool ema_ = false;
   bool has_prompts_ = false;
   bool on_cpu_ = false;
@@ -153,12 +154,13 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
     if (!family || *family == ModelFamily::kUnknown) {
       throw config::error_at(job, "model.name_or_path",
                              "plan: " + p.model.name_or_path + " is not on this machine and model.arch does not name "
-                             "the family: set model.arch (sd1, sd2, sdxl) to plan with the family's standard shapes");
+                             "the family: set model.arch (sd1, sd2, sdxl, flux) to plan with the family's standard shapes");
     }
     shapes_source_ = std::string(playbook::to_string(*family)) + "'s standard shapes (" + p.model.name_or_path +
                      " is not on this machine, nor in the Hugging Face cache)";
   }
   source_.family = family.value_or(ModelFamily::kUnknown);
+  source_.name = p.model.name_or_path;
   if (p.model.vae_path) {
     try {
       const auto vae = config::resolve_model_path(*p.model.vae_path, "model.vae_path");
@@ -199,6 +201,7 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
   quantize_text_encoder_ = p.model.quantize_te.value_or(false);
   for (const auto& d : p.datasets) cache_latents_ = cache_latents_ || d.cache_latents || d.cache_latents_to_disk;
   cache_text_ = !p.train.train_text_encoder;
+  unload_text_ = cache_text_ && p.train.unload_text_encoder;
   ema_ = p.train.ema_config.use_ema;
   has_prompts_ = !p.sample.prompts.empty() || !p.sample.samples.empty();
 }
@@ -241,8 +244,9 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   Shape decode_shape{1, s.sample_width, s.sample_height, s.sample_num_frames};
   const Shape encode_shape = largest_image(s);
 
-  // Which encoders stay on the device between uses.
-  const bool text_stays = !s.low_vram || train_text_encoder_;
+  // Which encoders stay on the device between uses (unload_text_encoder: none after the cache
+  // phase, previews included: their prompts were encoded into the cache too).
+  const bool text_stays = (!s.low_vram || train_text_encoder_) && !unload_text_;
   const bool vae_stays = !s.low_vram || !cache_latents_;
 
   Prediction out;
@@ -252,7 +256,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   // device too. The peak is the worst of those moments.
   PhaseMemory& load = out.at(Phase::load);
   const int build = on_cpu_ ? 4 : wb;
-  const int64_t text_loaded = text_stays ? params.text_encoders : 0;
+  const int64_t text_loaded = !s.low_vram || train_text_encoder_ ? params.text_encoders : 0;
   const int64_t vae_loaded = s.low_vram ? 0 : vae;
   struct Moment {
     int64_t weights, workspace, adapter;
@@ -283,10 +287,10 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
 
   const int64_t resident_training = denoiser_resident + (text_stays || !cache_text_ ? text_resident : 0) + (vae_stays ? vae : 0);
   auto sampling = [&](PhaseMemory& ph, bool trained) {
-    ph.weights = denoiser_resident + text_resident + vae;
+    ph.weights = denoiser_resident + (unload_text_ ? 0 : text_resident) + vae;
     ph.adapter_optimizer = adapter + (trained ? optimizer : 0);
     ph.activations = std::max({arch_->inference_activations(sample_shape, c), arch_->vae_decode(decode_shape, c),
-                               arch_->text_encode(1, c)});
+                               unload_text_ ? 0 : arch_->text_encode(1, c)});
     ph.runs = !s.disable_sampling && has_prompts_;
   };
   sampling(out.at(Phase::baseline_sample), false);
