@@ -61,6 +61,8 @@ class Architecture {
   virtual int64_t vae_encode(const Shape& s, const Compute& c) const = 0;
   virtual int64_t vae_decode(const Shape& s, const Compute& c) const = 0;
   virtual int64_t text_encode(int64_t batch, const Compute& c) const = 0;
+  // Elements of one caption's cached embeddings (kept in host memory: on the CPU, the device's).
+  virtual int64_t text_embedding_elements() const = 0;
   // Previews run the denoiser on [uncond, cond] rows at once (classifier-free guidance).
   virtual bool guidance_doubles_batch() const { return true; }
   virtual int latent_downscale() const { return 8; }

@@ -8,11 +8,10 @@
 // transformer computes on b x (text + image) tokens of width D. Per double-stream block and stream:
 // the modulated LayerNorm outputs, q/k before their RMSNorm, the attention output Linear's result,
 // the residual sums, the MLP's 4D-wide projection and its GELU; over the joint sequence: q/k/v
-// concatenated, the rotary embedding's rotated copies, the scaled q, the attention output and the
-// softmax probabilities (H x S x S, unless attention is chunked: BlockedAttention keeps q, k, v
-// only). Per single-stream block: the same attention, the 4D MLP projection and the 5D-wide
-// concatenation proj_out reads. In 16-bit compute the RMSNorm, the rotary embedding and LoRA's
-// inputs work in fp32 copies. Checkpointing keeps each block's output and recomputes one block at
+// concatenated, the scaled q and k, the attention output and the softmax probabilities
+// (H x S x S, unless attention is chunked: BlockedAttention keeps q, k, v only). Per single-stream block: the same attention, the 4D MLP projection and the 5D-wide
+// concatenation proj_out reads. In 16-bit compute the RMSNorm and LoRA's inputs work in fp32
+// copies (the rotary embedding's multiply by constant tables and keep nothing). Checkpointing keeps each block's output and recomputes one block at
 // a time in backward. The counts below are element counts of those tensors, checked against
 // measured peaks of the tiny Flux runs (tests/plan/test_plan_accuracy.cpp, docs/benchmarks.md).
 #include <algorithm>
@@ -60,6 +59,7 @@ class FluxArchitecture final : public Architecture {
   int64_t vae_encode(const Shape& s, const Compute& c) const override { return autoencoder_kl_encode(vae_, s, c); }
   int64_t vae_decode(const Shape& s, const Compute& c) const override { return autoencoder_kl_decode(vae_, s, c); }
   int64_t text_encode(int64_t batch, const Compute& c) const override;
+  int64_t text_embedding_elements() const override { return text_tokens() * config_.joint_attention_dim + text_.clip_width; }
   // dev embeds its guidance; schnell previews at guidance 1: one row either way (and the sampler
   // runs a guided preview's two branches one after the other).
   bool guidance_doubles_batch() const override { return false; }
@@ -126,15 +126,15 @@ int64_t FluxArchitecture::training_activations(const Shape& s, const Compute& c)
   // + modulated 1 + MLP 4 + GELU 4 + MLP output 1 = 17; in 16 bits the RMSNorm keeps fp32 q, k
   // (2) instead, and LoRA's fp32 inputs: q, k, v 3, output 1, MLP in 1 and out 4.
   dbl.saved = units(L + T, half ? 15 : 17, 11) + b * (L + T) * 6 * rank_wide;
-  // Joint: q, k, v concatenated 3, rotated q, k 2, scaled q and k 2, attention output 1; in 16
-  // bits the rotary works on fp32 copies of q and k and their rotations (4).
-  dbl.saved += units(S, half ? 4 : 8, 4) + probs;
+  // Joint: v concatenated, the scaled q, k (the products' operands) and the attention output = 4.
+  // The rotary embedding multiplies by constant tables: it keeps nothing, in fp32 copies or not.
+  dbl.saved += units(S, 4, 0) + probs;
   dbl.output = b * (L + T) * d * e;
   FluxBlockBytes single;
-  // LayerNorm 1 + modulated 1, MLP projection 4, q, k, v 3, normalised q, k 2, rotated 2, scaled q
-  // and k 2, concatenation 5, proj_out's output 1 = 21; in 16 bits the fp32 copies of RMSNorm (2),
-  // rotary (4) and LoRA's inputs (q, k, v, MLP 4, proj_out 5).
-  single.saved = units(S, half ? 17 : 21, 15) + probs + b * S * 5 * rank_wide;
+  // LayerNorm 1 + modulated 1, MLP projection 4, q, k, v 3, scaled q and k 2, concatenation 5,
+  // proj_out's output 1 = 17; in 16 bits RMSNorm's fp32 q, k (2) instead of q, k, and LoRA's
+  // fp32 inputs (q, k, v, MLP 4, proj_out 5).
+  single.saved = units(S, half ? 15 : 17, 11) + probs + b * S * 5 * rank_wide;
   single.output = b * S * d * e;
   // Backward of the attention: the probabilities' gradient beside them (or one block per thread);
   // of the MLP: its 4D-wide gradients.
@@ -174,13 +174,16 @@ int64_t FluxArchitecture::inference_activations(const Shape& s, const Compute& c
 }
 
 // The cache phase: T5 over its whole sequence (hidden states, the gated MLP's two projections, the
-// scores and probabilities beside the shared position bias) and CLIP-L over 77 tokens.
+// scores, their sum with the position bias and the probabilities beside the bias itself, which
+// every layer shares; the int64 position buckets it was computed from) and CLIP-L over 77 tokens.
 int64_t FluxArchitecture::text_encode(int64_t batch, const Compute& c) const {
   const int64_t T = text_tokens();
-  const int64_t t5 = batch * (T * (4 * text_.t5_width + 3 * text_.t5_ff) + 3 * text_.t5_heads * T * T);
+  // T5's attention upcasts: its scores and probabilities are fp32 in any compute dtype.
+  const int64_t t5 = batch * (T * (4 * text_.t5_width + 3 * text_.t5_ff) * c.bytes + 3 * text_.t5_heads * T * T * 4) +
+                     T * T * 8;
   const int64_t clip_heads = std::max<int64_t>(1, text_.clip_width / 64);
-  const int64_t clip = batch * (8 * kClipTokens * text_.clip_width + 2 * clip_heads * kClipTokens * kClipTokens);
-  return std::max(t5, clip) * c.bytes;
+  const int64_t clip = batch * (8 * kClipTokens * text_.clip_width + 2 * clip_heads * kClipTokens * kClipTokens) * c.bytes;
+  return std::max(t5, clip);
 }
 
 int64_t elements(const io::TensorInfo& t) {

@@ -63,6 +63,11 @@ class SDArchitecture final : public Architecture {
   int64_t vae_encode(const Shape& s, const Compute& c) const override;
   int64_t vae_decode(const Shape& s, const Compute& c) const override;
   int64_t text_encode(int64_t batch, const Compute& c) const override;
+  int64_t text_embedding_elements() const override {
+    int64_t n = 0;
+    for (int64_t width : text_widths_) n += kContextTokens * width + width;  // hidden states (+ SDXL's pooled)
+    return n;
+  }
 
  private:
   Tally walk_unet(const Shape& s, const Compute& c, bool training) const;
