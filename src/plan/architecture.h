@@ -63,8 +63,9 @@ class Architecture {
   virtual int64_t text_encode(int64_t batch, const Compute& c) const = 0;
   // Elements of one caption's cached embeddings (kept in host memory: on the CPU, the device's).
   virtual int64_t text_embedding_elements() const = 0;
-  // Previews run the denoiser on [uncond, cond] rows at once (classifier-free guidance).
-  virtual bool guidance_doubles_batch() const { return true; }
+  // Whether previews run the denoiser on [uncond, cond] rows at once. lora-train's previews run a
+  // guided preview's two branches one after the other (sample::sample), so no family does.
+  virtual bool guidance_doubles_batch() const { return false; }
   virtual int latent_downscale() const { return 8; }
   virtual int bucket_divisibility() const { return 16; }  // bucket sides are multiples of this
 };

@@ -60,9 +60,6 @@ class FluxArchitecture final : public Architecture {
   int64_t vae_decode(const Shape& s, const Compute& c) const override { return autoencoder_kl_decode(vae_, s, c); }
   int64_t text_encode(int64_t batch, const Compute& c) const override;
   int64_t text_embedding_elements() const override { return text_tokens() * config_.joint_attention_dim + text_.clip_width; }
-  // dev embeds its guidance; schnell previews at guidance 1: one row either way (and the sampler
-  // runs a guided preview's two branches one after the other).
-  bool guidance_doubles_batch() const override { return false; }
 
  private:
   // T5's sequence: every max_length position, pads included (512 dev, 256 schnell).
