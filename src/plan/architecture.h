@@ -66,8 +66,11 @@ class Architecture {
   virtual int64_t vae_encode(const Shape& s, const Compute& c) const = 0;
   virtual int64_t vae_decode(const Shape& s, const Compute& c) const = 0;
   virtual int64_t text_encode(int64_t batch, const Compute& c) const = 0;
-  // Previews run the denoiser on [uncond, cond] rows at once (classifier-free guidance).
-  virtual bool guidance_doubles_batch() const { return true; }
+  // Elements of one caption's cached embeddings (kept in host memory: on the CPU, the device's).
+  virtual int64_t text_embedding_elements() const = 0;
+  // Whether previews run the denoiser on [uncond, cond] rows at once. lora-train's previews run a
+  // guided preview's two branches one after the other (sample::sample), so no family does.
+  virtual bool guidance_doubles_batch() const { return false; }
   virtual int latent_downscale() const { return 8; }
   virtual int bucket_divisibility() const { return 16; }  // bucket sides are multiples of this
 };
@@ -77,12 +80,15 @@ struct ModelSource {
   playbook::ModelFamily family = playbook::ModelFamily::kUnknown;
   std::optional<std::filesystem::path> checkpoint;  // single file or diffusers folder
   std::optional<std::filesystem::path> vae;         // model.vae_path
+  std::string name;                                 // model.name_or_path as written (a variant's name: "...-schnell")
 };
 
 // The family's architecture; throws lt::InputError for a family without an activation model.
+// A family adds one make_<family>_architecture below and one case in families.cpp.
 std::unique_ptr<Architecture> make_architecture(const ModelSource& source);
 
 // families.cpp dispatches to one of these.
 std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source);
+std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source);
 
 }  // namespace lt::plan

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "architecture.h"
+#include "autoencoder_kl.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/models/registry.h"
@@ -63,13 +64,17 @@ class SDArchitecture final : public Architecture {
   int64_t vae_encode(const Shape& s, const Compute& c) const override;
   int64_t vae_decode(const Shape& s, const Compute& c) const override;
   int64_t text_encode(int64_t batch, const Compute& c) const override;
+  int64_t text_embedding_elements() const override {
+    int64_t n = 0;
+    for (int64_t width : text_widths_) n += kContextTokens * width + width;  // hidden states (+ SDXL's pooled)
+    return n;
+  }
 
  private:
   Tally walk_unet(const Shape& s, const Compute& c, bool training) const;
   BlockCost resnet(int64_t b, int64_t cin, int64_t cout, int64_t hw, bool concat_input) const;
   std::vector<BlockCost> transformer(int64_t b, size_t level, int64_t c, int64_t hw, const Compute& comp,
                                      bool training) const;
-  int64_t vae_working(const Shape& s, bool decode) const;
 
   UNetConfig unet_;
   VAEConfig vae_;
@@ -303,53 +308,9 @@ int64_t SDArchitecture::inference_activations(const Shape& s, const Compute& c) 
   return t.skips * c.bytes + worst;
 }
 
-// The VAE runs in fp32 (force_upcast) without gradients: the largest level's working tensors, or
-// the mid block's single-head attention over every latent cell.
-int64_t SDArchitecture::vae_working(const Shape& s, bool decode) const {
-  const int64_t f = int64_t(1) << (vae_.block_out_channels.size() - 1);
-  int64_t lh = std::max<int64_t>(1, s.height / f), lw = std::max<int64_t>(1, s.width / f);
-  const int64_t b = s.batch;
-  int64_t worst = 0;
-  const size_t levels = vae_.block_out_channels.size();
-  for (size_t i = 0; i < levels; ++i) {
-    const int64_t scale = int64_t(1) << i;  // level 0 is full resolution
-    const int64_t hw = (lh * f / scale) * (lw * f / scale);
-    const int64_t c_out = vae_.block_out_channels[i];
-    // A resnet's input (the decoder's: upsampled from the level above) kept for the residual while
-    // its normalised, activated and convolved copies come and go.
-    const int64_t c_in = decode && i + 1 < levels ? vae_.block_out_channels[i + 1] : c_out;
-    worst = std::max(worst, b * hw * (c_in + (decode ? 4 : 3) * c_out));
-  }
-  const int64_t cells = lh * lw;
-  const int64_t mid = vae_.block_out_channels.back();
-  worst = std::max(worst, b * (2 * cells * cells + 4 * mid * cells));
-  return worst * 4;
-}
+int64_t SDArchitecture::vae_encode(const Shape& s, const Compute& c) const { return autoencoder_kl_encode(vae_, s, c); }
 
-int64_t SDArchitecture::vae_encode(const Shape& s, const Compute& c) const {
-  Shape tile = s;
-  if (c.vae_tiling) {
-    const int64_t f = int64_t(1) << (vae_.block_out_channels.size() - 1);
-    const int64_t side = std::max(s.width, s.height) / f;
-    const int64_t min_tile = vae_.sample_size / f;
-    const int64_t t = side > min_tile ? min_tile : std::max<int64_t>(8, (side + 1) / 2);
-    if (t < side) tile.width = tile.height = t * f;
-  }
-  return vae_working(tile, false);
-}
-
-int64_t SDArchitecture::vae_decode(const Shape& s, const Compute& c) const {
-  Shape tile = s;
-  if (c.vae_tiling) {
-    const int64_t f = int64_t(1) << (vae_.block_out_channels.size() - 1);
-    const int64_t side = std::max(s.width, s.height) / f;
-    const int64_t min_tile = vae_.sample_size / f;
-    const int64_t t = side > min_tile ? min_tile : std::max<int64_t>(8, (side + 1) / 2);
-    if (t < side) tile.width = tile.height = t * f;
-  }
-  // The decoded image itself, in fp32, stays while the tiles are blended.
-  return vae_working(tile, true) + (c.vae_tiling ? s.batch * 3 * s.width * s.height * 4 : 0);
-}
+int64_t SDArchitecture::vae_decode(const Shape& s, const Compute& c) const { return autoencoder_kl_decode(vae_, s, c); }
 
 int64_t SDArchitecture::text_encode(int64_t batch, const Compute& c) const {
   int64_t worst = 0;

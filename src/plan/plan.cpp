@@ -104,8 +104,10 @@ class SettingsPlanner final : public Planner {
   bool quantize_text_encoder_ = false;
   bool cache_latents_ = false;
   bool cache_text_ = true;
+  bool unload_text_ = false;  // train.unload_text_encoder: the text encoders leave after the cache phase
   bool ema_ = false;
   bool has_prompts_ = false;
+  int64_t captions_ = 0;  // what the text cache holds: the dataset's captions and the previews' prompts
   bool on_cpu_ = false;
   // The largest bucket (by area) of each resolution, from the dataset's image headers when its
   // folder is here: images are never upscaled, so small images make small buckets. Short batches
@@ -153,12 +155,13 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
     if (!family || *family == ModelFamily::kUnknown) {
       throw config::error_at(job, "model.name_or_path",
                              "plan: " + p.model.name_or_path + " is not on this machine and model.arch does not name "
-                             "the family: set model.arch (sd1, sd2, sdxl) to plan with the family's standard shapes");
+                             "the family: set model.arch (sd1, sd2, sdxl, flux) to plan with the family's standard shapes");
     }
     shapes_source_ = std::string(playbook::to_string(*family)) + "'s standard shapes (" + p.model.name_or_path +
                      " is not on this machine, nor in the Hugging Face cache)";
   }
   source_.family = family.value_or(ModelFamily::kUnknown);
+  source_.name = p.model.name_or_path;
   if (p.model.vae_path) {
     try {
       const auto vae = config::resolve_model_path(*p.model.vae_path, "model.vae_path");
@@ -176,6 +179,7 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
     options.verify_images = false;
     try {
       const data::Dataset dataset(options);
+      captions_ += static_cast<int64_t>(dataset.size());
       data::BucketOptions buckets;
       buckets.resolutions = d.resolution;
       buckets.divisibility = arch_->bucket_divisibility();
@@ -202,8 +206,10 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
   quantize_text_encoder_ = p.model.quantize_te.value_or(false);
   for (const auto& d : p.datasets) cache_latents_ = cache_latents_ || d.cache_latents || d.cache_latents_to_disk;
   cache_text_ = !p.train.train_text_encoder;
+  unload_text_ = cache_text_ && p.train.unload_text_encoder;
   ema_ = p.train.ema_config.use_ema;
   has_prompts_ = !p.sample.prompts.empty() || !p.sample.samples.empty();
+  captions_ += 2 * static_cast<int64_t>(p.sample.prompts.size() + p.sample.samples.size()) + 1;  // + negatives, trigger
 }
 
 std::string SettingsPlanner::describe() const {
@@ -244,10 +250,13 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   Shape decode_shape{1, s.sample_width, s.sample_height, s.sample_num_frames};
   const Shape encode_shape = largest_image(s);
 
-  // Which encoders stay on the device between uses.
-  const bool text_stays = !s.low_vram || train_text_encoder_;
+  // Which encoders stay on the device between uses (unload_text_encoder: none after the cache
+  // phase, previews included: their prompts were encoded into the cache too).
+  const bool text_stays = (!s.low_vram || train_text_encoder_) && !unload_text_;
   const bool vae_stays = !s.low_vram || !cache_latents_;
 
+  // On the CPU the caches' host memory is the device's: the caption embeddings in the compute dtype.
+  const int64_t text_cache = on_cpu_ && cache_text_ ? captions_ * arch_->text_embedding_elements() * wb : 0;
   Prediction out;
   // load: each component is built in fp32 on the host, filled one tensor at a time from the file,
   // then converted to the compute dtype on the device (the VAE stays fp32); the adapter comes
@@ -255,7 +264,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   // device too. The peak is the worst of those moments.
   PhaseMemory& load = out.at(Phase::load);
   const int build = on_cpu_ ? 4 : wb;
-  const int64_t text_loaded = text_stays ? params.text_encoders : 0;
+  const int64_t text_loaded = !s.low_vram || train_text_encoder_ ? params.text_encoders : 0;
   const int64_t vae_loaded = s.low_vram ? 0 : vae;
   struct Moment {
     int64_t weights, workspace, adapter;
@@ -265,8 +274,10 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
       {denoiser_full + text_loaded * build, text_loaded ? params.largest_text_tensor * build : 0, 0},
       {denoiser_full + text_loaded * wb + vae_loaded, vae_loaded ? params.largest_vae_tensor * 4 : 0, 0},
       {denoiser_full + text_loaded * wb + vae_loaded, 0, adapter},
-      // int8 quantization converts one weight at a time beside the full base
-      {denoiser_full + text_loaded * wb + vae_loaded, quantized ? params.largest_denoiser_tensor * 4 : 0, adapter},
+      // quantization converts one weight at a time beside the full base: int8 through an fp32 copy;
+      // fp8 e4m3 codes also through the encoder's int64 neighbour codes and fp32 distances
+      {denoiser_full + text_loaded * wb + vae_loaded,
+       quantized ? params.largest_denoiser_tensor * (s.quantize == Quantize::fp8 ? 44 : 4) : 0, adapter},
   };
   for (const Moment& m : moments) {
     if (m.weights + m.workspace + m.adapter > load.peak()) {
@@ -276,24 +287,54 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
     }
   }
 
-  // cache: latents (VAE encode of one image at the largest bucket) and caption embeddings.
+  // A phase's peak is the worst of its moments: what is resident then, and what it computes.
+  struct Working {
+    int64_t weights, activations;
+  };
+  auto worst_of = [](PhaseMemory& ph, std::initializer_list<Working> moments) {
+    int64_t best = -1;
+    for (const Working& m : moments) {
+      if (m.weights + m.activations > best) {
+        best = m.weights + m.activations;
+        ph.weights = m.weights;
+        ph.activations = m.activations;
+      }
+    }
+  };
+
+  // cache: latents (VAE encode of one image at the largest bucket), then caption embeddings. On
+  // the low-VRAM path the encoders come one at a time: the VAE leaves before the text encoder arrives.
   PhaseMemory& cache = out.at(Phase::cache);
-  cache.weights = denoiser_resident + text_resident + vae;
   cache.adapter_optimizer = adapter;
-  cache.activations = std::max(cache_latents_ ? arch_->vae_encode(encode_shape, c) : 0,
-                               cache_text_ ? arch_->text_encode(1, c) : 0);
-  if (!cache_latents_ && s.low_vram) cache.weights -= vae;
+  const int64_t latents_work = cache_latents_ ? arch_->vae_encode(encode_shape, c) : 0;
+  const int64_t text_work = cache_text_ ? arch_->text_encode(1, c) : 0;
+  if (s.low_vram) {
+    worst_of(cache, {{denoiser_resident + (cache_latents_ ? vae : 0), latents_work},
+                     {denoiser_resident + text_resident + (cache_latents_ ? 0 : vae), text_work}});
+  } else {
+    worst_of(cache, {{denoiser_resident + text_resident + vae, std::max(latents_work, text_work)}});
+  }
+  cache.workspace = text_cache;
 
   const int64_t resident_training = denoiser_resident + (text_stays || !cache_text_ ? text_resident : 0) + (vae_stays ? vae : 0);
+  const bool baseline_runs = !s.disable_sampling && has_prompts_ && !s.skip_first_sample;
   auto sampling = [&](PhaseMemory& ph, bool trained) {
-    ph.weights = denoiser_resident + text_resident + vae;
     ph.adapter_optimizer = adapter + (trained ? optimizer : 0);
-    ph.activations = std::max({arch_->inference_activations(sample_shape, c), arch_->vae_decode(decode_shape, c),
-                               arch_->text_encode(1, c)});
+    // The prompts are encoded once into the text cache: by the first previews that run (or, with
+    // unload_text_encoder, in the cache phase). On the low-VRAM path an encoder comes to the
+    // device when it is first used in the phase (the text encoder only to encode, the VAE to
+    // decode) and both leave at its end.
+    const bool encodes = !unload_text_ && (!cache_text_ || !trained || !baseline_runs);
+    const int64_t text_here = unload_text_ || (s.low_vram && !encodes) ? 0 : text_resident;
+    const int64_t before_decode = denoiser_resident + text_here + (s.low_vram ? 0 : vae);
+    worst_of(ph, {{before_decode, encodes ? arch_->text_encode(1, c) : 0},
+                  {before_decode, arch_->inference_activations(sample_shape, c)},
+                  {denoiser_resident + text_here + vae, arch_->vae_decode(decode_shape, c)}});
+    ph.workspace = text_cache;
     ph.runs = !s.disable_sampling && has_prompts_;
   };
   sampling(out.at(Phase::baseline_sample), false);
-  out.at(Phase::baseline_sample).runs = out.at(Phase::baseline_sample).runs && !s.skip_first_sample;
+  out.at(Phase::baseline_sample).runs = baseline_runs;
 
   PhaseMemory& step = out.at(Phase::train_step);
   step.weights = resident_training;
@@ -303,7 +344,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   // The optimizer's all-or-nothing update computes new parameters and new state for every adapter
   // tensor before committing them; backward has freed the activations by then, so only the
   // excess over them raises the step's peak.
-  step.workspace = std::max<int64_t>(0, adapter + optimizer - step.activations);
+  step.workspace = std::max<int64_t>(0, adapter + optimizer - step.activations) + text_cache;
 
   sampling(out.at(Phase::sample), true);
   out.at(Phase::sample).runs = out.at(Phase::sample).runs && s.sample_every > 0;
@@ -313,7 +354,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   PhaseMemory& save = out.at(Phase::save);
   save.weights = resident_training;
   save.adapter_optimizer = adapter + optimizer;
-  save.workspace = adapter;
+  save.workspace = adapter + text_cache;
   return out;
 }
 

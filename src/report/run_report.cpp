@@ -124,6 +124,18 @@ void read_report_json(const fs::path& path, RunSummary& run) {
       run.marks.push_back(std::move(m));
     }
   }
+  if (auto it = r.find("planned_changes"); it != r.end() && it->is_array()) {
+    for (const auto& c : *it) {
+      if (!c.is_object()) continue;
+      PlannedMark m;
+      m.phase = string_or(c, "phase");
+      m.action = string_or(c, "action");
+      m.description = string_or(c, "description");
+      m.predicted_before = number_or<int64_t>(c, "predicted_peak_before", 0);
+      m.predicted_after = number_or<int64_t>(c, "predicted_peak_after", 0);
+      run.planned.push_back(std::move(m));
+    }
+  }
   if (auto it = r.find("scale_ups"); it != r.end() && it->is_array()) {
     for (const auto& s : *it) {
       if (!s.is_object()) continue;
@@ -444,6 +456,16 @@ std::string memory_section(const RunSummary& run) {
 
 std::string guard_section(const RunSummary& run) {
   std::string s = "<section id=\"guard\"><h2>OOM guard</h2>";
+  if (!run.planned.empty()) {
+    // The planner's changes come before step 1: a table of their own, not marks on the loss chart.
+    s += "<p>Planned before the start (the planner predicted a phase would not fit; not an OOM):</p>"
+         "<table id=\"planned\"><thead><tr><th>phase</th><th>predicted peak</th><th>change</th></tr></thead><tbody>";
+    for (const PlannedMark& m : run.planned) {
+      s += fmt::format("<tr class=\"planned-row\"><td>{}</td><td>{} &rarr; {}</td><td>{}</td></tr>", html_escape(m.phase),
+                       format_bytes(m.predicted_before), format_bytes(m.predicted_after), html_escape(m.description));
+    }
+    s += "</tbody></table>";
+  }
   if (run.marks.empty()) return s + "<p>No out-of-memory recovery and no scale-up in this run.</p></section>\n";
   s += "<table><thead><tr><th>step</th><th>phase</th><th>what happened</th><th>what changed</th><th>error</th></tr></thead><tbody>";
   for (const GuardMark& m : run.marks) {

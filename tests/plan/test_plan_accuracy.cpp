@@ -1,6 +1,6 @@
-// The planner against real peaks: tiny SD1 runs on the CPU with the counting allocator across
-// batch, bucket, checkpointing, dtype, rank, optimizer and the 8-bit base; every phase a run's
-// report.json has must be predicted within +-15%.
+// The planner against real peaks: tiny SD1 and Flux runs on the CPU with the counting allocator
+// across batch, bucket, checkpointing, dtype, rank, optimizer, attention chunking, the 8-bit base and
+// the encoders' release; every phase a run's report.json has must be predicted within +-15%.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 
 #include "loratrain/config/config.h"
 #include "loratrain/plan/plan.h"
+#include "loratrain/train/demo_base.h"
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/strings.h"
 #include "train_fixture.h"
@@ -26,37 +27,25 @@ const std::string kPreviews =
     "      sample:\n        sample_every: 10\n        width: 64\n        height: 64\n        sample_steps: 2\n"
     "        prompts:\n          - a red square\n";
 
+const std::string kFluxPreviews =
+    "      sample:\n        sample_every: 10\n        width: 64\n        height: 64\n        sample_steps: 2\n"
+    "        sampler: flowmatch\n        guidance_scale: 3.5\n        prompts:\n          - a red square\n";
+
 struct Case {
   std::string name;
   std::vector<std::string> overrides;
 };
 
-}  // namespace
-
-CATCH_TEST_CASE("predicted peaks are within 15% of the measured ones on tiny CPU runs", "[plan][e2e]") {
-  const fs::path root = lt::test::scratch_dir("plan_accuracy");
-  const std::vector<Case> cases = {
-      {"base", {}},
-      {"batch4", {"train.batch_size=4"}},
-      {"bucket128", {"datasets.0.resolution=[64, 128]"}},
-      {"checkpointing", {"train.gradient_checkpointing=true", "train.batch_size=4"}},
-      {"rank32", {"network.linear=32", "network.linear_alpha=32"}},
-      // batch 1: the optimizer's all-or-nothing update, not the activations, makes the step's peak
-      {"rank32_batch1", {"network.linear=32", "network.linear_alpha=32", "train.batch_size=1"}},
-      {"bf16", {"train.dtype=bf16"}},  // fp32 on a CPU without bf16 instructions
-      {"bf16_checkpointing", {"train.dtype=bf16", "train.gradient_checkpointing=true", "datasets.0.resolution=[64, 128]"}},
-      {"attention_chunk", {"memory.attention_chunk=16", "datasets.0.resolution=[128]", "train.batch_size=4"}},
-      {"low_vram", {"model.low_vram=true"}},
-      {"adafactor", {"train.optimizer=adafactor"}},
-      {"adamw8bit", {"train.optimizer=adamw8bit"}},
-      {"int8_base", {"model.quantize=true", "model.qtype=qint8"}},
-  };
-  std::string table = fmt::format("{:<14} {:<16} {:>12} {:>12} {:>8}\n", "case", "phase", "measured", "predicted", "error");
+// Runs each case (ten steps: an epoch of every case, so the run meets its largest bucket, as the
+// plan assumes) and checks every phase of its report.json against the prediction; prints the table.
+void check_cases(const fs::path& root, const std::vector<Case>& cases, const std::vector<std::string>& common,
+                 const std::string& previews) {
+  std::string table = fmt::format("{:<18} {:<16} {:>12} {:>12} {:>8}\n", "case", "phase", "measured", "predicted", "error");
   int checked = 0;
   for (const Case& c : cases) {
-    // Ten steps cover an epoch of every case: the run meets its largest bucket, as the plan assumes.
-    const fs::path config = lt::test::write_tiny_config(root, c.name, 10, "", "", kPreviews);
-    std::vector<std::string> overrides = c.overrides;
+    const fs::path config = lt::test::write_tiny_config(root, c.name, 10, "", "", previews);
+    std::vector<std::string> overrides = common;
+    overrides.insert(overrides.end(), c.overrides.begin(), c.overrides.end());
     overrides.push_back("train.disable_sampling=false");
     lt::train::RunRequest request;
     request.config_path = config;
@@ -81,7 +70,7 @@ CATCH_TEST_CASE("predicted peaks are within 15% of the measured ones on tiny CPU
       CATCH_REQUIRE(p);
       const int64_t predicted = prediction.at(*p).peak();
       const double error = double(predicted - measured) / double(measured);
-      table += fmt::format("{:<14} {:<16} {:>12} {:>12} {:>+7.1f}%\n", c.name, phase, lt::format_bytes(measured),
+      table += fmt::format("{:<18} {:<16} {:>12} {:>12} {:>+7.1f}%\n", c.name, phase, lt::format_bytes(measured),
                            lt::format_bytes(predicted), 100 * error);
       CATCH_INFO(c.name << " " << phase << ": measured " << measured << ", predicted " << predicted);
       CATCH_CHECK(std::abs(error) <= kTolerance);
@@ -90,4 +79,51 @@ CATCH_TEST_CASE("predicted peaks are within 15% of the measured ones on tiny CPU
   }
   std::cout << table;
   CATCH_CHECK(checked == 6 * static_cast<int>(cases.size()));  // every phase of every case
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("predicted peaks are within 15% of the measured ones on tiny CPU runs", "[plan][e2e]") {
+  const fs::path root = lt::test::scratch_dir("plan_accuracy");
+  const std::vector<Case> cases = {
+      {"base", {}},
+      {"batch4", {"train.batch_size=4"}},
+      {"bucket128", {"datasets.0.resolution=[64, 128]"}},
+      {"checkpointing", {"train.gradient_checkpointing=true", "train.batch_size=4"}},
+      {"rank32", {"network.linear=32", "network.linear_alpha=32"}},
+      // batch 1: the optimizer's all-or-nothing update, not the activations, makes the step's peak
+      {"rank32_batch1", {"network.linear=32", "network.linear_alpha=32", "train.batch_size=1"}},
+      {"bf16", {"train.dtype=bf16"}},  // fp32 on a CPU without bf16 instructions
+      {"bf16_checkpointing", {"train.dtype=bf16", "train.gradient_checkpointing=true", "datasets.0.resolution=[64, 128]"}},
+      {"attention_chunk", {"memory.attention_chunk=16", "datasets.0.resolution=[128]", "train.batch_size=4"}},
+      {"low_vram", {"model.low_vram=true"}},
+      {"adafactor", {"train.optimizer=adafactor"}},
+      {"adamw8bit", {"train.optimizer=adamw8bit"}},
+      {"int8_base", {"model.quantize=true", "model.qtype=qint8"}},
+  };
+  check_cases(root, cases, {}, kPreviews);
+}
+
+CATCH_TEST_CASE("predicted Flux peaks are within 15% of the measured ones on tiny CPU runs", "[plan][e2e][flux]") {
+  const fs::path root = lt::test::scratch_dir("plan_accuracy_flux");
+  lt::train::DemoBaseOptions base;
+  base.arch = lt::train::DemoArch::kFluxDev;
+  lt::train::write_demo_base(root / "dev", base);
+  base.arch = lt::train::DemoArch::kFluxSchnell;
+  lt::train::write_demo_base(root / "schnell", base);
+  const std::string dev = "model.name_or_path=" + (root / "dev" / "model.safetensors").string();
+  const std::vector<Case> cases = {
+      {"flux_base", {dev}},
+      {"flux_batch4_bucket128", {dev, "train.batch_size=4", "datasets.0.resolution=[64, 128]"}},
+      {"flux_checkpointing", {dev, "train.gradient_checkpointing=true", "train.batch_size=4"}},
+      {"flux_bf16", {dev, "train.dtype=bf16"}},
+      {"flux_bf16_ckpt_chunk", {dev, "train.dtype=bf16", "train.gradient_checkpointing=true", "memory.attention_chunk=64"}},
+      {"flux_attention_chunk", {dev, "memory.attention_chunk=64", "train.batch_size=4"}},
+      {"flux_rank32", {dev, "network.linear=32", "network.linear_alpha=32"}},
+      {"flux_fp8_base", {dev, "model.quantize=true", "model.qtype=qfloat8"}},
+      {"flux_unload_te", {dev, "train.unload_text_encoder=true"}},
+      {"flux_low_vram", {dev, "model.low_vram=true"}},
+      {"schnell", {"model.name_or_path=" + (root / "schnell" / "model.safetensors").string()}},
+  };
+  check_cases(root, cases, {"model.arch=flux"}, kFluxPreviews);
 }

@@ -41,6 +41,8 @@ inline std::filesystem::path write_run_folder(const std::string& name, const std
     {"attempt": 2, "phase": "train_step", "step": 3, "classification": "early_steps", "action": "enable_checkpointing",
      "description": "gradient checkpointing on <denoiser>", "error": "tried to allocate 64.00 MiB"}
   ],
+  "planned_changes": [{"action": "chunk_attention", "description": "memory.attention_chunk: 0 -> 1024 <same results>",
+                       "phase": "train_step", "predicted_peak_before": 2000000000, "predicted_peak_after": 1500000000}],
   "scale_ups": [{"step": 8, "lever": "larger_bucket", "description": "bucket 64 re-enabled", "reverted": false}],
   "peaks": {"load": {"peak_allocated": 300000000, "peak_reserved": 320000000, "entered": 2},
             "cache": {"peak_allocated": 350000000, "peak_reserved": 360000000, "entered": 1},

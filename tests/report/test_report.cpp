@@ -44,6 +44,9 @@ CATCH_TEST_CASE("a run folder is read into the page's parts", "[report]") {
   CATCH_CHECK(run.marks[0].phase == "load");
   CATCH_CHECK(run.marks[1].step == 3);
   CATCH_CHECK(run.marks[2].kind == "scale-up");
+  CATCH_REQUIRE(run.planned.size() == 1);  // the planner's change before the start, apart from the guard's
+  CATCH_CHECK(run.planned[0].phase == "train_step");
+  CATCH_CHECK(run.planned[0].predicted_after == 1500000000);
   CATCH_CHECK(run.peaks.size() == 4);
   CATCH_REQUIRE(run.grids.size() == 2);  // grids only, ordered by step
   CATCH_CHECK(run.grids[0].file == "samples/grid_000000000.png");
@@ -89,6 +92,10 @@ CATCH_TEST_CASE("the page: charts, guard markers, grids, settings, all text esca
   CATCH_CHECK(count(page, "<g class=\"guard-mark scale-up\"") == 1);
   CATCH_CHECK_THAT(page, Catch::Contains("<title>step 3, train_step: OOM (early_steps) -&gt; gradient checkpointing on &lt;denoiser&gt;</title>"));
   CATCH_CHECK(count(page, "<tr class=\"guard-row") == 3);
+  // The planned change: a row of its own with the predicted peaks, not a mark on the loss chart.
+  CATCH_CHECK(count(page, "<tr class=\"planned-row\">") == 1);
+  CATCH_CHECK_THAT(page, Catch::Contains("1.86 GiB &rarr; 1.40 GiB"));
+  CATCH_CHECK_THAT(page, Catch::Contains("memory.attention_chunk: 0 -&gt; 1024 &lt;same results&gt;"));
   // Memory: one bar per phase seen.
   CATCH_CHECK(count(page, "<rect class=\"mem-peak\"") == 4);
   CATCH_CHECK_THAT(page, Catch::Contains("858.31 MiB"));  // train_step's 900000000 bytes

@@ -37,6 +37,16 @@ struct GuardMark {
   std::string error;         // the error's first line (OOM only)
 };
 
+// A change the planner made before the start (report.json "planned_changes"): a phase was
+// predicted not to fit, so the run started from the ladder's first fitting rung. Not an OOM.
+struct PlannedMark {
+  std::string phase;        // the phase predicted over the budget
+  std::string action;       // the ladder's action name
+  std::string description;  // what changed, in the config's keys
+  int64_t predicted_before = 0;
+  int64_t predicted_after = 0;
+};
+
 struct PhasePeak {
   std::string phase;
   int64_t peak_allocated = 0;
@@ -60,6 +70,7 @@ struct RunSummary {
   std::string lora;              // the final LoRA file, when written
   std::vector<StepPoint> steps;  // by step; a step logged twice (a resumed crash) keeps its last line
   std::vector<GuardMark> marks;
+  std::vector<PlannedMark> planned;  // before the first step, in the order they were made
   std::vector<PhasePeak> peaks;
   std::vector<std::pair<std::string, std::string>> settings;  // memory settings now, key -> value
   std::vector<std::string> changed_settings;                  // keys that differ from the config's
