@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/line_reader.h"
 
 using namespace lt::diagnose;
@@ -89,4 +90,28 @@ CATCH_TEST_CASE("reader handles empty input, NUL-only input and a missing final 
 CATCH_TEST_CASE("open_source reports unreadable paths as input errors", "[diagnose][reader]") {
   CATCH_CHECK_THROWS(open_source("/nonexistent/dir/x.log"));
   CATCH_CHECK_THROWS(open_source("/"));
+}
+
+CATCH_TEST_CASE("reader removes data-parallel rank prefixes and keeps the rank", "[diagnose][reader][dist]") {
+  LineReader r(string_source("[rank1]: E 10:00:01 torch.OutOfMemoryError: CUDA out of memory.\n"
+                             "[rank 0] I 10:00:01 step 3\n[default1]:Traceback\n[ranked] not a prefix\n"));
+  std::vector<std::pair<std::string, int>> got;
+  LogLine l;
+  while (r.next(l)) got.emplace_back(std::string(l.text), l.rank);
+  CATCH_REQUIRE(got.size() == 4);
+  CATCH_CHECK(got[0] == std::make_pair(std::string("E 10:00:01 torch.OutOfMemoryError: CUDA out of memory."), 1));
+  CATCH_CHECK(got[1] == std::make_pair(std::string("I 10:00:01 step 3"), 0));
+  CATCH_CHECK(got[2] == std::make_pair(std::string("Traceback"), 1));
+  CATCH_CHECK(got[3] == std::make_pair(std::string("[ranked] not a prefix"), -1));
+}
+
+CATCH_TEST_CASE("diagnose reads a two-rank log whose OOM is on rank 1", "[diagnose][dist]") {
+  const std::string log =
+      "[rank0]: I 10:00:00 lora-train 0.1.0 (LibTorch 2.5.1): run two in /runs/two\n"
+      "[rank1]: I 10:00:00 lora-train 0.1.0 (LibTorch 2.5.1): run two in /runs/two\n"
+      "[rank0]: I 10:00:05 step 1/100 | loss 0.1234 | lr 1.0e-04 | 1.20 s/it | mem 5.1 GiB / 7.9 GiB\n"
+      "[rank1]: E 10:00:07 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 1 has a total "
+      "capacity of 23.65 GiB of which 1.02 GiB is free.\n";
+  const auto d = lt::diagnose::diagnose_text(log);
+  CATCH_CHECK(d.oom);
 }
