@@ -1,8 +1,9 @@
 // One rank of the data-parallel tests: `lt-dist-rank CONFIG [--set K=V ...] [--oom-at-step N
-// --oom-rank R --oom-count K] [--die-at-step N --die-rank R]`, run with the torchrun-style
+// --oom-rank R --oom-count K] [--die-at-step N --die-rank R] [--stop-after N]`, run with the torchrun-style
 // environment (RANK, WORLD_SIZE, ...) or without it (one rank). It trains as `lora-train run`
 // does; the options inject the test's fault through the trainer's step hook: K simulated-VRAM
-// allocation failures at the start of step N on rank R, or rank R killing itself (SIGKILL) there.
+// allocation failures at the start of step N on rank R, or rank R killing itself (SIGKILL) there;
+// --stop-after N stops after N steps as Ctrl-C would (exit 130, state saved).
 #include <signal.h>
 
 #include <spdlog/spdlog.h>
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     else if (key == "--oom-count") oom_count = std::stoi(value);
     else if (key == "--die-at-step") die_step = std::stoll(value);
     else if (key == "--die-rank") die_rank = std::stoi(value);
+    else if (key == "--stop-after") request.stop_after_steps = std::stoll(value);
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;

@@ -209,3 +209,65 @@ CATCH_TEST_CASE("a killed rank ends the other within 30 s with a message naming 
   CATCH_CHECK(seconds < 30);
   CATCH_CHECK(output.find("rank 1 is lost") != std::string::npos);
 }
+
+CATCH_TEST_CASE("resume: the same number of ranks continues bit-identically, another warns and continues", "[dist][e2e]") {
+  const auto root = lt::test::scratch_dir(lt::test::per_program("dist_resume"));
+  const auto full = lt::test::write_tiny_config(root / "full", "dp", 4, "", kMemory);
+  const auto resumed = lt::test::write_tiny_config(root / "resumed", "dp", 4, "", kMemory);
+  const auto changed = lt::test::write_tiny_config(root / "changed", "dp", 4, "", kMemory);
+  CATCH_REQUIRE(run_two_ranks({full.string()}, root) == std::vector<int>{0, 0});
+
+  CATCH_REQUIRE(run_two_ranks({resumed.string(), "--stop-after", "2"}, root) == std::vector<int>{130, 130});
+  CATCH_CHECK(fs::exists(root / "resumed" / "dp" / "state" / "training_state.rank1.safetensors"));
+  const auto codes = run_two_ranks({resumed.string()}, root);
+  CATCH_INFO(lt::test::read_file(root / "rank0.out"));
+  CATCH_REQUIRE(codes == std::vector<int>{0, 0});
+  CATCH_CHECK(losses(root / "resumed" / "dp" / "metrics.jsonl") == losses(root / "full" / "dp" / "metrics.jsonl"));
+  auto a = lt::io::SafetensorsFile::open(root / "full" / "dp" / "dp.safetensors");
+  auto b = lt::io::SafetensorsFile::open(root / "resumed" / "dp" / "dp.safetensors");
+  for (const auto& t : a->tensors()) CATCH_CHECK(torch::equal(a->load(t.name), b->load(t.name)));
+
+  CATCH_REQUIRE(run_two_ranks({changed.string(), "--stop-after", "2"}, root) == std::vector<int>{130, 130});
+  CATCH_REQUIRE(run_one_rank({changed.string()}, root / "one.out") == 0);
+  const std::string log = lt::test::read_file(root / "changed" / "dp" / "log.txt");
+  CATCH_CHECK(log.find("the saved state is from a run on 2 rank(s), this one has 1") != std::string::npos);
+  CATCH_CHECK(losses(root / "changed" / "dp" / "metrics.jsonl").size() == 4);
+}
+
+CATCH_TEST_CASE("the launch environment: torchrun's variables, checked", "[dist]") {
+  struct Env {
+    std::map<std::string, std::string> values;
+    Env(std::map<std::string, std::string> v) : values(std::move(v)) {
+      for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(name);
+      for (const auto& [k, val] : values) ::setenv(k.c_str(), val.c_str(), 1);
+    }
+    ~Env() {
+      for (const auto& [k, val] : values) ::unsetenv(k.c_str());
+    }
+  };
+  {
+    Env env({});
+    CATCH_CHECK_FALSE(lt::dist::read_dist_env().distributed());
+  }
+  {
+    Env env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "host0"}, {"MASTER_PORT", "29511"}});
+    const auto e = lt::dist::read_dist_env();
+    CATCH_CHECK(e.distributed());
+    CATCH_CHECK(e.rank == 3);
+    CATCH_CHECK(e.local_rank == 1);
+    CATCH_CHECK(e.master_addr == "host0");
+    CATCH_CHECK(e.master_port == 29511);
+  }
+  {
+    Env env({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "host0"}});
+    CATCH_CHECK_THROWS_WITH(lt::dist::read_dist_env(), Catch::Contains("RANK=2 is not below WORLD_SIZE=2"));
+  }
+  {
+    Env env({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+    CATCH_CHECK_THROWS_WITH(lt::dist::read_dist_env(), Catch::Contains("without MASTER_ADDR"));
+  }
+  {
+    Env env({{"WORLD_SIZE", "two"}});
+    CATCH_CHECK_THROWS_WITH(lt::dist::read_dist_env(), Catch::Contains("WORLD_SIZE=two"));
+  }
+}
