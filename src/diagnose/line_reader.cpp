@@ -178,35 +178,9 @@ bool LineReader::refill() {
   return end_ > 0;
 }
 
-int strip_rank_prefix(std::string& line) {
-  // "[rank1]: ", "[rank 1]: ", "[Rank 1] " (data-parallel launchers, lora-train's ranks) and
-  // "[default1]:" (torchrun --tee): the rank, and the line without the prefix.
-  if (line.empty() || line[0] != '[') return -1;
-  size_t i = 1;
-  for (const char* word : {"rank", "Rank", "default"}) {
-    const size_t n = std::char_traits<char>::length(word);
-    if (line.compare(1, n, word) == 0) {
-      i = 1 + n;
-      break;
-    }
-  }
-  if (i == 1) return -1;
-  if (i < line.size() && line[i] == ' ') ++i;
-  const size_t digits = i;
-  int rank = 0;
-  while (i < line.size() && line[i] >= '0' && line[i] <= '9' && i - digits < 6) rank = rank * 10 + (line[i++] - '0');
-  if (i == digits || i >= line.size() || line[i] != ']') return -1;
-  ++i;
-  if (i < line.size() && line[i] == ':') ++i;
-  while (i < line.size() && line[i] == ' ') ++i;
-  line.erase(0, i);
-  return rank;
-}
-
 bool LineReader::emit(LogLine& out, bool redraw, int64_t number) {
   clean_line_into(pending_, cleaned_);
   pending_.clear();
-  out.rank = strip_rank_prefix(cleaned_);
   if (cleaned_.empty()) return false;
   out.text = cleaned_;
   out.number = number;

@@ -214,7 +214,7 @@ std::unique_ptr<Group> Group::open(const DistEnv& env, const c10::Device& device
   }
   impl->codes = at::zeros({env.world_size}, at::TensorOptions().dtype(at::kInt).device(device));
   impl->heartbeat = std::make_unique<Heartbeat>(env, options.heartbeat_seconds);
-  spdlog::info("rank {} of {} joined ({} over {}:{})", env.rank, env.world_size, device.is_cuda() ? "NCCL" : "Gloo",
+  spdlog::debug("rank {} of {} joined ({} over {}:{})", env.rank, env.world_size, device.is_cuda() ? "NCCL" : "Gloo",
                env.master_addr, env.master_port);
   return std::unique_ptr<Group>(new Group(std::move(impl)));
 }

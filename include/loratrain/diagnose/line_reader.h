@@ -16,7 +16,6 @@ struct LogLine {
   std::string_view text;  // cleaned: no ANSI codes, no control bytes, no trailing blanks
   int64_t number = 0;
   bool redraw = false;    // followed by '\r' rather than '\n' (an overwritten progress bar)
-  int rank = -1;          // a multi-rank log's "[rank1]: " prefix (removed from text); -1 without
 };
 
 // Where bytes come from: a file descriptor (file or stdin) or an in-memory string (tests).
@@ -62,10 +61,6 @@ class LineReader {
 // and trims trailing blanks. Bytes >= 0x80 are kept as they are (see to_valid_utf8).
 std::string clean_line(std::string_view raw);
 void clean_line_into(std::string_view raw, std::string& out);  // reuses out's capacity
-
-// Removes a data-parallel rank prefix ("[rank1]: ", "[rank 1] ", torchrun's "[default1]:") from
-// the start of `line`; returns the rank, or -1 (line unchanged) when there is none.
-int strip_rank_prefix(std::string& line);
 
 // Replaces invalid UTF-8 sequences with U+FFFD so text can go into JSON.
 std::string to_valid_utf8(std::string_view text);
