@@ -169,6 +169,7 @@ std::string decision_to_text(const Decision& d) {
   j["settings"] = d.settings;
   j["exit_code"] = static_cast<int>(d.exit_code);
   j["message"] = d.message;
+  if (d.classification) j["classification"] = to_string(*d.classification);
   return j.dump();
 }
 
@@ -182,6 +183,7 @@ Decision decision_from_text(const std::string& text) {
   d.action.settings = d.settings;
   d.exit_code = static_cast<ExitCode>(j.at("exit_code").get<int>());
   d.message = j.at("message").get<std::string>();
+  if (j.contains("classification")) d.classification = playbook::classification_from_string(j.at("classification").get<std::string>());
   return d;
 }
 
@@ -233,6 +235,7 @@ Decision OomGuard::follow(const Decision& agreed, const std::optional<Decision>&
   rec.phase = f.phase;
   rec.where = f.where;
   rec.error = "another rank ran out of memory";
+  rec.classification = agreed.classification;
   rec.before = f.at_exit;
   failed_steps_.push_back({f.phase, f.where.step});
   if (agreed.action.kind == ActionKind::revert_scale_up && pending_) {
@@ -352,6 +355,7 @@ Decision OomGuard::recover_here(std::exception_ptr error) {
 
   d.action = action;
   d.settings = action.settings;
+  d.classification = c.kind;
   if (action.gives_up()) {
     d.kind = Decision::Kind::give_up;
     d.exit_code = to_exit_code(action.exit_code());

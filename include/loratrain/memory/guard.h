@@ -108,6 +108,7 @@ struct Decision {
   MemorySettings settings;   // apply before retrying; for give_up: what fixed.yaml should hold
   ExitCode exit_code = ExitCode::kOk;  // give_up: kOomExhausted, kEnvironment, or kRuntime (host RAM)
   std::string message;       // the log line (without the "oom-guard: " prefix for give-ups too)
+  std::optional<Classification> classification;  // the failure's, when it was classified
   bool retry() const { return kind == Kind::retry; }
   bool give_up() const { return kind == Kind::give_up; }
   bool rethrow() const { return kind == Kind::rethrow; }
