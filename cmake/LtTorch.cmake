@@ -42,3 +42,7 @@ function(lt_use_torch target)
     target_precompile_headers(${target} REUSE_FROM lt_torch_pch)
   endif()
 endfunction()
+
+# Data-parallel training on CUDA uses c10d's NCCL backend: on by default in CUDA builds (the
+# PyTorch wheels ship it). Untested so far (docs/distributed.md).
+option(LT_WITH_NCCL "Build the NCCL path of data-parallel training (CUDA builds)" ${LT_WITH_CUDA})

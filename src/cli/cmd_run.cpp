@@ -1,4 +1,4 @@
-// lora-train run config.yaml [--set KEY=VALUE ...] [--resume DIR] [--fresh] [--smoke [N] [--junit PATH]]
+// lora-train run config.yaml [--set KEY=VALUE ...] [--resume DIR] [--fresh] [--smoke [N] [--junit PATH]] [--nproc N]
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "commands.h"
+#include "loratrain/dist/launch.h"
 #include "loratrain/util/error.h"
 #include "loratrain/train/smoke.h"
 #include "loratrain/train/trainer.h"
@@ -34,6 +35,7 @@ void add_run_command(CLI::App& app, Action& chosen, char** argv) {
     bool fresh = false;
     std::string smoke_steps;  // empty: the default count
     std::string junit;
+    int nproc = 0;
   };
   auto args = std::make_shared<Args>();
   sub->add_option("config", args->config, "the job config (YAML)")->required();
@@ -47,9 +49,28 @@ void add_run_command(CLI::App& app, Action& chosen, char** argv) {
                                  "changed something (fixed.yaml written)")
                      ->expected(0, 1);
   sub->add_option("--junit", args->junit, "with --smoke: write a JUnit XML file here")->needs(smoke);
+  sub->add_option("--nproc", args->nproc,
+                  "data parallel on this machine: start N ranks (one device each; train.batch_size is per rank) and "
+                  "wait for them (docs/distributed.md)")
+      ->check(CLI::Range(1, 1024));
   sub->callback([&chosen, args, argv, smoke] {
     const bool smoke_run = smoke->count() > 0;
     chosen = [args, argv, smoke_run] {
+      if (args->nproc > 0) {
+        if (smoke_run) throw InputError("--smoke runs one rank: it cannot be combined with --nproc");
+        // The ranks run this same command line without --nproc.
+        std::vector<std::string> rank_args;
+        for (char** a = argv + 1; *a != nullptr; ++a) {
+          const std::string arg = *a;
+          if (arg == "--nproc") {
+            if (*(a + 1) != nullptr) ++a;
+            continue;
+          }
+          if (arg.rfind("--nproc=", 0) == 0) continue;
+          rank_args.push_back(arg);
+        }
+        return dist::launch_local_ranks(args->nproc, rank_args);
+      }
       passive_openmp_or_restart(argv);
       train::configure_cpu_threads();
       if (smoke_run) {

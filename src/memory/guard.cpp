@@ -143,7 +143,120 @@ Decision OomGuard::finish(Decision d, AttemptRecord rec, std::chrono::steady_clo
   return d;
 }
 
+PeerOutOfMemory::PeerOutOfMemory(std::vector<int> ranks)
+    : Error(ExitCode::kRuntime, [&] {
+        std::string text;
+        for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+        return "rank " + text + " ran out of memory";
+      }()),
+      ranks_(std::move(ranks)) {}
+
+bool is_memory_failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerOutOfMemory&) {
+    return true;
+  } catch (...) {
+  }
+  return inspect_failure(error).kind != FailureKind::none;
+}
+
+std::string decision_to_text(const Decision& d) {
+  nlohmann::json j;
+  j["kind"] = static_cast<int>(d.kind);
+  j["action"] = static_cast<int>(d.action.kind);
+  j["description"] = d.action.description;
+  j["settings"] = d.settings;
+  j["exit_code"] = static_cast<int>(d.exit_code);
+  j["message"] = d.message;
+  if (d.classification) j["classification"] = to_string(*d.classification);
+  return j.dump();
+}
+
+Decision decision_from_text(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  Decision d;
+  d.kind = static_cast<Decision::Kind>(j.at("kind").get<int>());
+  d.action.kind = static_cast<ActionKind>(j.at("action").get<int>());
+  d.action.description = j.at("description").get<std::string>();
+  playbook::from_json(j.at("settings"), d.settings);
+  d.action.settings = d.settings;
+  d.exit_code = static_cast<ExitCode>(j.at("exit_code").get<int>());
+  d.message = j.at("message").get<std::string>();
+  if (j.contains("classification")) d.classification = playbook::classification_from_string(j.at("classification").get<std::string>());
+  return d;
+}
+
 Decision OomGuard::recover(std::exception_ptr error) {
+  const auto t0 = std::chrono::steady_clock::now();
+  bool peer = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerOutOfMemory&) {
+    peer = true;
+  } catch (...) {
+  }
+  if (ranks_ == nullptr) return recover_here(error);
+  if (!peer && inspect_failure(error).kind == FailureKind::none) return recover_here(error);  // not for the ranks
+  std::optional<Decision> own;
+  if (!peer) own = recover_here(error);
+  const Decision agreed = ranks_->decide(own);
+  if (own && decision_to_text(*own) == decision_to_text(agreed)) return agreed;
+  return follow(agreed, own, t0);
+}
+
+// Another rank's decision, made this rank's: the same change, the same history for the ladder.
+Decision OomGuard::follow(const Decision& agreed, const std::optional<Decision>& own,
+                          std::chrono::steady_clock::time_point t0) {
+  if (own) {
+    // This rank failed too and has recorded its own choice: the agreed one replaces it.
+    settings_ = agreed.retry() ? agreed.settings : settings_;
+    if (!attempts_.empty()) {
+      attempts_.back().action = agreed.action.kind;
+      attempts_.back().description = agreed.action.description;
+      attempts_.back().settings = agreed.settings;
+    }
+    spdlog::warn("oom-guard: the ranks agreed on another rank's change: {}", agreed.action.description);
+    return agreed;
+  }
+  Failure f;
+  if (last_failure_) {
+    f = *last_failure_;
+  } else {
+    f.phase = frames_.empty() ? Phase::load : frames_.back().phase;
+    f.where = frames_.empty() ? PhaseContext{} : frames_.back().where;
+    f.at_exit = snapshot(memory_);
+  }
+  last_failure_.reset();
+  if (agreed.rethrow()) return agreed;  // the guard is off: every rank ends with the error
+  AttemptRecord rec;
+  rec.attempt = static_cast<int>(attempts_.size()) + 1;
+  rec.steps_before = step_costs_.size();
+  rec.phase = f.phase;
+  rec.where = f.where;
+  rec.error = "another rank ran out of memory";
+  rec.classification = agreed.classification;
+  rec.before = f.at_exit;
+  failed_steps_.push_back({f.phase, f.where.step});
+  if (agreed.action.kind == ActionKind::revert_scale_up && pending_) {
+    blocked_.insert(pending_->lever);
+    if (!scale_ups_.empty()) scale_ups_.back().reverted = true;
+    pending_.reset();
+  }
+  if (!agreed.action.gives_up()) history_.failed.push_back(settings_);
+  if (agreed.action.kind == ActionKind::empty_cache_retry) history_.quick_retries.push_back({f.phase, f.where.step});
+  stable_steps_ = 0;
+  if (agreed.retry()) settings_ = agreed.settings;
+  if (agreed.give_up()) outcome_ = to_string(agreed.action.kind);
+  Decision d = agreed;
+  const std::string prefix = "oom-guard: ";
+  d.message = prefix + "another rank's " + (starts_with(d.message, prefix) ? d.message.substr(prefix.size()) : d.message);
+  rec.action = d.action.kind;
+  rec.description = d.action.description;
+  return finish(std::move(d), std::move(rec), t0);
+}
+
+Decision OomGuard::recover_here(std::exception_ptr error) {
   const auto t0 = std::chrono::steady_clock::now();
   OomInfo info = inspect_failure(error);
   Decision d;
@@ -242,6 +355,7 @@ Decision OomGuard::recover(std::exception_ptr error) {
 
   d.action = action;
   d.settings = action.settings;
+  d.classification = c.kind;
   if (action.gives_up()) {
     d.kind = Decision::Kind::give_up;
     d.exit_code = to_exit_code(action.exit_code());

@@ -24,6 +24,10 @@ std::filesystem::path state_path(const std::filesystem::path& run_dir) {
   return run_dir / "state" / "training_state.safetensors";
 }
 
+std::filesystem::path rank_state_path(const std::filesystem::path& run_dir, int rank) {
+  return run_dir / "state" / ("training_state.rank" + std::to_string(rank) + ".safetensors");
+}
+
 void save_training_state(const std::filesystem::path& path, const TrainingState& state) {
   NamedTensors tensors;
   for (const auto& [name, t] : state.adapter) tensors.emplace_back(kAdapter + name, t);
@@ -35,7 +39,8 @@ void save_training_state(const std::filesystem::path& path, const TrainingState&
                            {"step", state.step},
                            {"data_position", state.data_position},
                            {"settings", state.settings_json},
-                           {"config_name", state.config_name}};
+                           {"config_name", state.config_name},
+                           {"world_size", state.world_size}};
   io::save_safetensors(path, tensors, {{"lora_train_state", record.dump()}});
 }
 
@@ -51,6 +56,7 @@ std::optional<TrainingState> load_training_state(const std::filesystem::path& pa
     state.data_position = record.at("data_position").get<std::string>();
     state.settings_json = record.at("settings").get<std::string>();
     state.config_name = record.at("config_name").get<std::string>();
+    state.world_size = record.value("world_size", 1);  // states from before data parallelism: one rank
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path.string() + ": broken training state record (" + printable(e.what()) + ")");
   }

@@ -86,8 +86,21 @@ TrainingExample TrainingObjective::make_example(const at::Tensor& latents, at::G
 }
 
 at::Tensor training_loss(DiffusionModel& model, const TrainingObjective& objective, const at::Tensor& latents,
-                         const Conditioning& conditioning, at::Generator& rng) {
-  TrainingExample example = objective.make_example(latents, rng);
+                         const Conditioning& conditioning, at::Generator& rng, const BatchShard& shard) {
+  TrainingExample example;
+  const int64_t rows = latents.size(0);
+  if (shard.total > rows) {
+    // Zeros stand in for the other ranks' rows: every draw is made for all rows, in order.
+    std::vector<int64_t> sizes = latents.sizes().vec();
+    sizes[0] = shard.total;
+    at::Tensor global = torch::zeros(sizes, latents.options());
+    global.narrow(0, shard.begin, rows).copy_(latents);
+    TrainingExample whole = objective.make_example(global, rng);
+    auto mine = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, shard.begin, rows) : t; };
+    example = {mine(whole.noisy), mine(whole.timesteps), mine(whole.target), mine(whole.weights)};
+  } else {
+    example = objective.make_example(latents, rng);
+  }
   at::Tensor prediction = model.predict(example.noisy, example.timesteps, conditioning);
   return sample::weighted_mean(sample::mse_loss_per_sample(prediction, example.target), example.weights);
 }

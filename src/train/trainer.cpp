@@ -51,6 +51,7 @@
 #include "loratrain/util/log.h"
 #include "loratrain/util/strings.h"
 #include "loratrain/version.h"
+#include "data_parallel.h"
 
 namespace lt::train {
 
@@ -179,6 +180,7 @@ class Trainer {
   void restore_state();
   // work
   void train_step();
+  double accumulate_gradients();
   std::vector<sample::SamplePrompt> preview_prompts() const;
   void sample_previews(int64_t step);
   void save_checkpoint(int64_t step, bool final);
@@ -203,6 +205,10 @@ class Trainer {
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   // Frames per loaded sample: the guard's num_frames for a video model, 0 (images) otherwise.
   int clip_frames() const { return model_ && model_->traits().is_video ? settings_.num_frames : 0; }
+  // Data parallel: rank 0 writes the run's files; every rank trains on its rows of a global batch.
+  bool is_main() const { return !dp_ || dp_->is_main(); }
+  int world_size() const { return dp_ ? dp_->size() : 1; }
+  int stop_agreed();
   bool sampling_due(int64_t step) const;
   bool unscale_gradients();
 
@@ -219,6 +225,7 @@ class Trainer {
   std::unique_ptr<memory::DeviceMemory> memory_;
   std::unique_ptr<memory::OomGuard> guard_;
   MemorySettings settings_;
+  std::unique_ptr<DataParallel> dp_;  // null on one device
 
   std::unique_ptr<DiffusionModel> model_;
   lora::LoRANetwork network_{nullptr};
@@ -246,6 +253,7 @@ class Trainer {
     at::Tensor noise_rng;
     at::Tensor global_rng;
     bool optimizer_stepped = false;  // the step's update is done; only the EMA's is left
+    bool ema_updated = false;        // data parallel: this rank's step is done; another rank's failed
   } step_start_;
   bool in_train_step_ = false;
   double loss_scale_ = 65536.0;  // fp16 only
@@ -260,13 +268,21 @@ RunResult Trainer::run() {
   open_run_folder();
   open_device_memory();
   plan_memory();
+  if (dp_) dp_->adopt_main_settings(*guard_, settings_);
   // One seed for everything random in the run (adapter init, noise, data order): runs repeat
   // exactly, and a resumed run restores every generator's state on top.
   torch::manual_seed(seed());
   try {
     while (auto next = guard_->attempt(Phase::load, {}, [this] { load_model(); })) apply(*next);
     prepare_data();
-    while (auto next = guard_->attempt(Phase::cache, {}, [this] { build_caches(); })) apply(*next);
+    // Rank 0 encodes; the others then read its cache files (no image is encoded twice).
+    for (bool main_turn : {true, false}) {
+      while (auto next = guard_->attempt(Phase::cache, {}, [&] {
+               if (is_main() == main_turn) build_caches();
+             })) {
+        apply(*next);
+      }
+    }
     create_optimizer();
     restore_state();
 
@@ -275,7 +291,7 @@ RunResult Trainer::run() {
     if (baseline) {
       spdlog::info("Generating baseline samples before training");
       while (auto next = guard_->attempt(Phase::baseline_sample, {0, settings_.sample_width, settings_.sample_height}, [this] {
-               if (!settings_.disable_sampling && !settings_.skip_first_sample) sample_previews(0);
+               if (is_main() && !settings_.disable_sampling && !settings_.skip_first_sample) sample_previews(0);
              })) {
         apply(*next);
       }
@@ -283,12 +299,14 @@ RunResult Trainer::run() {
 
     if (request_.on_training_start) request_.on_training_start(*memory_);
     ProgressLine progress;
-    MetricsFile metrics(run_dir_ / "metrics.jsonl", resumed_);
+    std::optional<MetricsFile> metrics;
+    if (is_main()) metrics.emplace(run_dir_ / "metrics.jsonl", resumed_);
     refresh_report();
     spdlog::info("training {} steps from step {}; memory settings: {}", total_steps_, step_ + 1, summarize(settings_));
-    if (StopSignals::received() && step_ < total_steps_) return stop(StopSignals::received());
+    if (const int signal = stop_agreed(); signal != 0 && step_ < total_steps_) return stop(signal);
     while (step_ < total_steps_) {
-      step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state(), false};
+      if (request_.on_step_start) request_.on_step_start(step_ + 1, *memory_);
+      step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state(), false, false};
       const auto started = std::chrono::steady_clock::now();
       in_train_step_ = true;
       while (auto next = guard_->attempt(Phase::train_step, step_context(), [this] { train_step(); })) apply(*next);
@@ -306,20 +324,23 @@ RunResult Trainer::run() {
       stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       stats.mem_allocated = memory_->allocated();
       stats.mem_peak = memory_->peak_allocated();
-      stats.batch_size = settings_.batch_size;
+      stats.batch_size = settings_.batch_size * world_size();
       stats.width = step_bucket_.width;
       stats.height = step_bucket_.height;
-      progress.update(stats);
-      metrics.write(stats, progress.smoothed_loss());
+      if (metrics) {
+        progress.update(stats);
+        metrics->write(stats, progress.smoothed_loss());
+      }
 
       if (auto heavier = guard_->step_completed(step_)) {
         progress.finish();
         apply(heavier->settings);
       }
-      if (sampling_due(step_) && !StopSignals::received()) {
+      const int stop_signal = stop_agreed();
+      if (sampling_due(step_) && !stop_signal) {
         progress.finish();
         while (auto next = guard_->attempt(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] {
-                 if (!settings_.disable_sampling) sample_previews(step_);
+                 if (is_main() && !settings_.disable_sampling) sample_previews(step_);
                })) {
           apply(*next);
         }
@@ -332,25 +353,27 @@ RunResult Trainer::run() {
         refresh_report();
       }
       const bool stop_requested = request_.stop_after_steps && step_ >= *request_.stop_after_steps;
-      if ((StopSignals::received() || stop_requested) && step_ < total_steps_) {
+      if ((stop_signal || stop_requested) && step_ < total_steps_) {
         progress.finish();
-        return stop(StopSignals::received() ? StopSignals::received() : SIGINT);
+        return stop(stop_signal != 0 ? stop_signal : SIGINT);
       }
     }
     progress.finish();
     save_phase([this] { save_checkpoint(step_, true); });
     if (!settings_.disable_sampling && p_->sample.sample_every > 0 && step_ % p_->sample.sample_every != 0) {
       while (auto next = guard_->attempt(Phase::sample, {step_, settings_.sample_width, settings_.sample_height}, [this] {
-               if (!settings_.disable_sampling) sample_previews(step_);
+               if (is_main() && !settings_.disable_sampling) sample_previews(step_);
              })) {
         apply(*next);
       }
     }
   } catch (const memory::OomGiveUp& g) {
     result_.exit_code = give_up(g);
+    if (dp_) dp_->finish();
     return result_;
   }
-  if (!guard_->attempts().empty() || !guard_->planned_changes().empty()) {
+  if (dp_) dp_->finish();
+  if (is_main() && (!guard_->attempts().empty() || !guard_->planned_changes().empty())) {
     config::write_effective_yaml(playbook::config_with_settings(job_, settings_), run_dir_ / "effective.yaml");
     spdlog::info("the settings that worked: {}", (run_dir_ / "effective.yaml").string());
   }
@@ -360,7 +383,7 @@ RunResult Trainer::run() {
     spdlog::info("{}{}", starts_with(line, "oom-guard:") ? "" : "oom-guard: ", line);
   }
   write_report(0, "completed");
-  spdlog::info("done: {} ({} steps)", result_.lora_path.string(), step_);
+  if (is_main()) spdlog::info("done: {} ({} steps)", result_.lora_path.string(), step_);
   return result_;
 }
 
@@ -378,7 +401,15 @@ RunResult Trainer::stop(int signal) {
                state_path(run_dir_).string());
   result_.exit_code = 128 + signal;
   write_report(result_.exit_code, "interrupted");
+  if (dp_) dp_->finish();
   return result_;
+}
+
+// A stop signal ends every rank after the same step: the ranks agree on it (the first signal any
+// of them received).
+int Trainer::stop_agreed() {
+  const int here = StopSignals::received();
+  return dp_ ? dp_->max_over_ranks(here) : here;
 }
 
 void Trainer::read_config() {
@@ -431,11 +462,27 @@ void Trainer::read_config() {
 
 void Trainer::open_run_folder() {
   read_config();
+  dp_ = DataParallel::from_env(device_);
+  if (dp_ && device_.is_cuda()) {
+    device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist::read_dist_env().local_rank));
+    model_options_.device = device_;
+  }
   fs::create_directories(run_dir_);
   result_.run_dir = run_dir_;
-  log::add_file(run_dir_ / "log.txt");
+  // Rank 0 logs to the console and log.txt; the others to logs/rank<r>.txt, and only their warnings
+  // and errors to the console, prefixed "[rank<r>]:".
+  if (is_main()) {
+    log::add_file(run_dir_ / "log.txt");
+  } else {
+    fs::create_directories(run_dir_ / "logs");
+    log::set_rank(dp_->rank(), run_dir_ / "logs" / ("rank" + std::to_string(dp_->rank()) + ".txt"));
+  }
   spdlog::info("lora-train {} (LibTorch {}): run {} in {}", kVersion, TORCH_VERSION, job_.name, run_dir_.string());
-  config::write_effective_yaml(job_, run_dir_ / "config.yaml");
+  if (dp_) {
+    spdlog::info("data parallel: rank {} of {}; train.batch_size {} per rank, {} per step", dp_->rank(), dp_->size(),
+                 p_->train.batch_size, p_->train.batch_size * dp_->size());
+  }
+  if (is_main()) config::write_effective_yaml(job_, run_dir_ / "config.yaml");
   if (const std::string ignored = config::ignored_keys_summary(job_); !ignored.empty()) spdlog::info("{}", ignored);
   if (!base_note_.empty()) spdlog::info("model.name_or_path: {}", base_note_);
   settle_cpu_dtype();
@@ -475,6 +522,7 @@ void Trainer::open_device_memory() {
   guard_options.scale_up = p_->memory.oom_guard.scale_up;
   guard_options.scale_up_after = p_->memory.oom_guard.scale_up_after;
   guard_ = std::make_unique<memory::OomGuard>(*memory_, guard_options, settings_);
+  guard_->set_rank_agreement(dp_.get());
   spdlog::info("device: {}", memory_->name());
   guard_->check_start();
 }
@@ -600,7 +648,7 @@ void Trainer::prepare_data() {
   bucket_options_.resolutions = d.resolution;
   bucket_options_.divisibility = static_cast<int>(model_->traits().bucket_divisibility);
   bucket_options_.enabled = d.buckets;
-  batch_options_.batch_size = settings_.batch_size;
+  batch_options_.batch_size = settings_.batch_size * world_size();
   batch_options_.seed = seed();
   batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
   for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();  // planned before the start
@@ -613,7 +661,7 @@ void Trainer::build_caches() {
   if (d.cache_latents || d.cache_latents_to_disk) {
     data::CacheOptions options;
     options.in_memory = true;
-    options.to_disk = d.cache_latents_to_disk;
+    options.to_disk = d.cache_latents_to_disk || dp_ != nullptr;  // data parallel: the ranks share rank 0's files
     options.model_id = model_->model_id() + "|vae";
     if (clip_frames() > 0) options.num_frames = clip_frames();
     latent_cache_ = std::make_unique<data::LatentCache>(*dataset_, options);
@@ -769,6 +817,15 @@ void Trainer::restore_state() {
       apply(saved);
     }
   }
+  if (state->world_size != world_size()) {
+    spdlog::warn("the saved state is from a run on {} rank(s), this one has {}: training continues with {} rows per step "
+                 "instead of {}, so it does not repeat the uninterrupted run exactly",
+                 state->world_size, world_size(), settings_.batch_size * world_size(), settings_.batch_size * state->world_size);
+  } else if (dp_ && !is_main()) {
+    // This rank's own generator states (its dropout draws), when it saved them.
+    const fs::path own = rank_state_path(request_.resume.value_or(run_dir_), dp_->rank());
+    if (auto mine = load_training_state(own); mine && mine->step == state->step) set_global_rng_state(mine->global_rng);
+  }
   batches_->restore_state(state->data_position);
   step_ = state->step;
   saved_step_ = state->step;
@@ -782,7 +839,7 @@ PhaseContext Trainer::step_context() const {
   auto batch = batches_->current();
   where.width = batch.size.width;
   where.height = batch.size.height;
-  where.batch = static_cast<int>(batch.items.size());
+  where.batch = static_cast<int>(batch.items.size()) / world_size();  // this rank's rows
   where.resolution = batch.resolution;
   where.frames = std::max(clip_frames(), 1);
   return where;
@@ -833,9 +890,16 @@ Conditioning Trainer::conditioning_for(const data::Batch& batch) {
 
 // One optimizer step over grad_accumulation batches, then the EMA update. Runs again from the same
 // start after an OOM; an OOM in the EMA update (after the optimizer step) retries the update only.
+// Data parallel: the ranks agree that every rank's backward went through, then sum the gradients.
 void Trainer::train_step() {
+  if (step_start_.ema_updated) return;
   if (step_start_.optimizer_stepped) {
+    if (!ema_) {
+      throw Error(ExitCode::kRuntime, "another rank ran out of memory after this rank's optimizer step: the ranks' adapters "
+                                      "no longer agree; run the same command again to resume from the last saved state");
+    }
     ema_->update();
+    step_start_.ema_updated = true;
     return;
   }
   batches_->seek(step_start_.position);
@@ -844,20 +908,8 @@ void Trainer::train_step() {
   optimizer_->zero_grad();
   step_images_.clear();
 
-  const int accumulation = settings_.grad_accumulation;
-  double loss_sum = 0;
-  for (int micro = 0; micro < accumulation; ++micro) {
-    data::Batch batch = batches_->next();
-    if (micro == 0) step_bucket_ = batch.size;
-    for (const auto& item : batch.items) step_images_.push_back(item.image);
-    const Conditioning conditioning = conditioning_for(batch);
-    const at::Tensor latents = latents_for(batch);
-    at::Tensor loss = training_loss(*model_, *objective_, latents, conditioning, noise_rng_) / accumulation;
-    // fp16 activations underflow in backward: scale the loss up, and the gradients back down below.
-    (dtype_ == at::kHalf ? loss * loss_scale_ : loss).backward();
-    loss_sum += loss.item<double>();
-  }
-  last_loss_ = loss_sum;
+  last_loss_ = dp_ ? dp_->sum_gradients([this] { return accumulate_gradients(); }, optimizer_->params())
+                   : accumulate_gradients();
   if (dtype_ == at::kHalf && !unscale_gradients()) {
     optimizer_->zero_grad();  // overflow: skip this update, halve the scale (dynamic loss scaling)
     return;
@@ -865,10 +917,37 @@ void Trainer::train_step() {
   optim::clip_grad_norm(optimizer_->params(), p_->train.max_grad_norm);
   optimizer_->step(lr_schedule_.lr_at(step_));
   optimizer_->zero_grad();
+  if (ema_ || dp_) step_start_.optimizer_stepped = true;
   if (ema_) {
-    step_start_.optimizer_stepped = true;
     ema_->update();
+    step_start_.ema_updated = true;
   }
+}
+
+// Forward and backward over the step's grad_accumulation batches; the step's loss. Data parallel:
+// each batch is the global one, of which this rank trains on its own rows.
+double Trainer::accumulate_gradients() {
+  const int accumulation = settings_.grad_accumulation;
+  double loss_sum = 0;
+  for (int micro = 0; micro < accumulation; ++micro) {
+    data::Batch batch = batches_->next();
+    if (micro == 0) step_bucket_ = batch.size;
+    for (const auto& item : batch.items) step_images_.push_back(item.image);
+    BatchShard shard;
+    double share = 1.0;  // this rank's part of the global batch's mean
+    if (dp_) {
+      const double rows = static_cast<double>(batch.items.size());
+      batch = dp_->take(batch, shard);
+      share = static_cast<double>(batch.items.size()) / rows;
+    }
+    const Conditioning conditioning = conditioning_for(batch);
+    const at::Tensor latents = latents_for(batch);
+    at::Tensor loss = training_loss(*model_, *objective_, latents, conditioning, noise_rng_, shard) * (share / accumulation);
+    // fp16 activations underflow in backward: scale the loss up, and the gradients back down below.
+    (dtype_ == at::kHalf ? loss * loss_scale_ : loss).backward();
+    loss_sum += loss.item<double>();
+  }
+  return loss_sum;
 }
 
 // Divides the adapter gradients by the loss scale; false (and the scale halved) when any is inf
@@ -995,6 +1074,11 @@ void Trainer::sample_previews(int64_t step) {
 }
 
 void Trainer::save_checkpoint(int64_t step, bool final) {
+  if (!is_main()) {
+    if (final) result_.lora_path = run_dir_ / (job_.name + ".safetensors");  // rank 0 writes it
+    save_state();
+    return;
+  }
   lora::SaveOptions options;
   options.format = p_->save.save_format == "peft" ? lora::LoRAFormat::PEFT : lora::LoRAFormat::Kohya;
   options.dtype = dtype_from_name(config::canonical_dtype(p_->save.dtype));
@@ -1038,13 +1122,23 @@ void Trainer::save_checkpoint(int64_t step, bool final) {
   save_state();
 }
 
+// Rank 0 saves the whole state; another rank its step and its own generator states (its dropout
+// draws), beside it.
 void Trainer::save_state() {
   TrainingState state;
   state.step = step_;
+  state.world_size = world_size();
+  state.config_name = job_.name;
+  if (!is_main()) {
+    state.noise_rng = sample::generator_state(noise_rng_);
+    state.global_rng = global_rng_state();
+    save_training_state(rank_state_path(run_dir_, dp_->rank()), state);
+    saved_step_ = step_;
+    return;
+  }
   state.data_position = batches_->state_json();
   nlohmann::json settings_json = settings_;
   state.settings_json = settings_json.dump();
-  state.config_name = job_.name;
   for (const auto& p : network_->named_parameters(true)) state.adapter.emplace_back(p.key(), p.value().detach().to(at::kCPU));
   state.optimizer = optimizer_->state_dict();
   if (ema_) state.ema = ema_->state_dict();
@@ -1108,14 +1202,14 @@ void Trainer::rebucket(const MemorySettings& previous) {
     // A scale-up re-enables a dropped bucket: plan again from the dataset, drop down to the new
     // count, and continue at the same place in the epoch.
     const data::BatchPosition at = batches_->position();
-    batch_options_.batch_size = previous.batch_size;
+    batch_options_.batch_size = previous.batch_size * world_size();
     batches_ = std::make_unique<data::BatchIterator>(*dataset_, dataset_->make_plan(bucket_options_), batch_options_);
     for (int i = 0; i < settings_.dropped_largest; ++i) batches_->drop_largest_resolution();
     batches_->seek({at.epoch, std::min(at.index, batches_->batches_per_epoch() - 1)});
   }
   if (settings_.batch_size != previous.batch_size) {
-    batches_->set_batch_size(settings_.batch_size);
-    batch_options_.batch_size = settings_.batch_size;
+    batches_->set_batch_size(settings_.batch_size * world_size());
+    batch_options_.batch_size = settings_.batch_size * world_size();
   }
   for (int i = std::max(previous.dropped_largest, 0); i < settings_.dropped_largest; ++i) {
     if (auto drop = batches_->drop_largest_resolution()) {
@@ -1137,8 +1231,10 @@ int Trainer::give_up(const memory::OomGiveUp& g) {
     }
   }
   try {
-    config::write_effective_yaml(playbook::config_with_settings(job_, d.settings), run_dir_ / "fixed.yaml");
-    spdlog::info("settings to try next: {}", (run_dir_ / "fixed.yaml").string());
+    if (is_main()) {
+      config::write_effective_yaml(playbook::config_with_settings(job_, d.settings), run_dir_ / "fixed.yaml");
+      spdlog::info("settings to try next: {}", (run_dir_ / "fixed.yaml").string());
+    }
   } catch (const std::exception& e) {
     spdlog::error("could not write fixed.yaml: {}", e.what());
   }
@@ -1149,6 +1245,7 @@ int Trainer::give_up(const memory::OomGiveUp& g) {
 void Trainer::write_report(int exit_code, const std::string& outcome) {
   result_.actions.clear();
   for (const auto& attempt : guard_->attempts()) result_.actions.push_back(attempt.description);
+  if (!is_main()) return;  // rank 0 writes the run's report
   nlohmann::json report = guard_->to_json();
   report["outcome"] = outcome;
   if (outcome != "running") report["exit_code"] = exit_code;

@@ -28,4 +28,15 @@ void add_file(const std::filesystem::path& path) {
   spdlog::default_logger()->flush_on(spdlog::level::info);
 }
 
+void set_rank(int rank, const std::filesystem::path& path) {
+  auto logger = spdlog::default_logger();
+  const std::string prefix = "[rank" + std::to_string(rank) + "]: ";
+  for (auto& sink : logger->sinks()) {
+    sink->set_pattern(prefix + "%^%L%$ %H:%M:%S %v");
+    sink->set_level(spdlog::level::warn);
+  }
+  add_file(path);
+  logger->sinks().back()->set_pattern(prefix + "%Y-%m-%d %H:%M:%S.%e %L %v");
+}
+
 }  // namespace lt::log

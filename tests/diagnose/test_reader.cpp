@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/line_reader.h"
 
 using namespace lt::diagnose;
@@ -89,4 +90,23 @@ CATCH_TEST_CASE("reader handles empty input, NUL-only input and a missing final 
 CATCH_TEST_CASE("open_source reports unreadable paths as input errors", "[diagnose][reader]") {
   CATCH_CHECK_THROWS(open_source("/nonexistent/dir/x.log"));
   CATCH_CHECK_THROWS(open_source("/"));
+}
+
+// The console of `lora-train run --nproc 2` when rank 1 ran out of memory: rank 0's lines as
+// they are, rank 1's warnings prefixed "[rank1]: " (docs/distributed.md).
+CATCH_TEST_CASE("diagnose reads a two-rank lora-train log whose OOM is on rank 1", "[diagnose][dist]") {
+  const std::string log =
+      "I 21:30:27 lora-train 0.1.0 (LibTorch 1.13.0): run dp in /runs/dp\n"
+      "I 21:30:27 data parallel: rank 0 of 2; train.batch_size 2 per rank, 4 per step\n"
+      "I 21:30:27 training 5 steps from step 1; memory settings: checkpointing off, batch 2 x accumulation 1, "
+      "buckets [64], sampling off\n"
+      "step 1/5 | loss 1.0858 (avg 1.0858) | lr 1.0e-03 | 0.30 s/it | ETA 1s | mem 21.73 MiB / 28.25 MiB\n"
+      "[rank1]: W 21:30:29 oom-guard: OOM in phase train_step(step 3, bucket 80x48, batch 2) \u2014 early_steps; "
+      "action: enable gradient_checkpointing\n"
+      "I 21:30:29 oom-guard: following rank 1's decision\n"
+      "W 21:30:29 oom-guard: another rank's OOM in phase train_step(step 3, bucket 80x48, batch 2) \u2014 early_steps; "
+      "action: enable gradient_checkpointing\n";
+  const auto d = lt::diagnose::diagnose_text(log);
+  CATCH_CHECK(d.oom);
+  CATCH_CHECK(d.trainer == lt::diagnose::Trainer::kLoraTrain);
 }

@@ -108,6 +108,7 @@ struct Decision {
   MemorySettings settings;   // apply before retrying; for give_up: what fixed.yaml should hold
   ExitCode exit_code = ExitCode::kOk;  // give_up: kOomExhausted, kEnvironment, or kRuntime (host RAM)
   std::string message;       // the log line (without the "oom-guard: " prefix for give-ups too)
+  std::optional<Classification> classification;  // the failure's, when it was classified
   bool retry() const { return kind == Kind::retry; }
   bool give_up() const { return kind == Kind::give_up; }
   bool rethrow() const { return kind == Kind::rethrow; }
@@ -122,6 +123,37 @@ class OomGiveUp : public Error {
  private:
   Decision decision_;
 };
+
+// Data-parallel runs (docs/distributed.md): thrown on a rank that did not fail itself when another
+// rank ran out of memory in the same attempt; the guard recovers with that rank's decision.
+class PeerOutOfMemory : public Error {
+ public:
+  explicit PeerOutOfMemory(std::vector<int> ranks);
+  const std::vector<int>& ranks() const { return ranks_; }  // the ranks that ran out of memory
+
+ private:
+  std::vector<int> ranks_;
+};
+
+// How the ranks of a data-parallel run agree, so that every rank retries the same attempt with the
+// same change (or gives up together) and none waits in a collective while another recovers.
+class RankAgreement {
+ public:
+  virtual ~RankAgreement() = default;
+  // On every rank after each attempt (and wherever the attempt must agree before a collective):
+  // `failure` is this rank's memory failure, null when it did not fail. Returns when no rank
+  // failed; otherwise throws this rank's own failure, or PeerOutOfMemory.
+  virtual void agree(std::exception_ptr failure) = 0;
+  // On every rank after a failed attempt: `own` is this rank's decision (nullopt when it follows
+  // another's failure). Returns the decision of the lowest rank that failed, for all to apply.
+  virtual Decision decide(const std::optional<Decision>& own) = 0;
+};
+
+// A decision as text, for the ranks to exchange.
+std::string decision_to_text(const Decision& d);
+Decision decision_from_text(const std::string& text);
+// A memory failure (device or host) or a peer's (PeerOutOfMemory): what the ranks agree on.
+bool is_memory_failure(std::exception_ptr error);
 
 class OomGuard;
 
@@ -170,7 +202,19 @@ class OomGuard {
   std::optional<MemorySettings> attempt(Phase phase, const PhaseContext& where, Body&& body) {
     try {
       auto scope = enter(phase, where);
-      body();
+      if (ranks_ == nullptr) {
+        body();
+      } else {
+        // Every rank says how its attempt went before going on: a failure on one is a retry on all.
+        std::exception_ptr failure;
+        try {
+          body();
+        } catch (...) {
+          failure = std::current_exception();
+          if (!is_memory_failure(failure)) throw;
+        }
+        ranks_->agree(failure);
+      }
       return std::nullopt;
     } catch (...) {
       Decision d = recover(std::current_exception());
@@ -179,6 +223,10 @@ class OomGuard {
       return d.settings;
     }
   }
+
+  // Data-parallel runs: the ranks agree after every attempt (nullptr: one rank, the default).
+  void set_rank_agreement(RankAgreement* ranks) { ranks_ = ranks; }
+  RankAgreement* rank_agreement() const { return ranks_; }
 
   const MemorySettings& settings() const { return settings_; }
   // A resumed run continues from the settings the interrupted run had reached (the configured
@@ -224,6 +272,9 @@ class OomGuard {
   };
 
   void exit_phase(size_t depth, bool failed);
+  Decision recover_here(std::exception_ptr error);
+  // Applies another rank's decision to this rank's state; `own` when this rank failed too.
+  Decision follow(const Decision& agreed, const std::optional<Decision>& own, std::chrono::steady_clock::time_point t0);
   bool is_largest_bucket(const PhaseContext& where) const;
   Decision finish(Decision d, AttemptRecord rec, std::chrono::steady_clock::time_point t0);
   double seconds_since_start() const;
@@ -248,6 +299,7 @@ class OomGuard {
   int64_t stable_steps_ = 0;
   std::string outcome_ = "ok";
   std::chrono::steady_clock::time_point created_;
+  RankAgreement* ranks_ = nullptr;
 };
 
 }  // namespace lt::memory

@@ -24,10 +24,13 @@ struct TrainingState {
   NamedTensors ema;              // AdapterEMA::state_dict() (train.ema_config.use_ema), else empty
   at::Tensor noise_rng;          // the trainer's noise generator state
   at::Tensor global_rng;         // the default CPU generator (dropout)
+  int world_size = 1;            // ranks of the run that saved it (data parallel)
 };
 
 // <run dir>/state/training_state.safetensors
 std::filesystem::path state_path(const std::filesystem::path& run_dir);
+// Data-parallel runs: rank r > 0 keeps its own generator states beside it (its step and RNG only).
+std::filesystem::path rank_state_path(const std::filesystem::path& run_dir, int rank);
 
 void save_training_state(const std::filesystem::path& path, const TrainingState& state);
 // nullopt when there is no state file; lt::InputError when it is broken.

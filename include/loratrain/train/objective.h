@@ -40,9 +40,18 @@ class TrainingObjective {
   sample::NoiseSchedule schedule_;
 };
 
+// Where a rank's rows sit in the global batch of a data-parallel step (total 0: one device, the
+// latents are the whole batch).
+struct BatchShard {
+  int64_t begin = 0;
+  int64_t total = 0;
+};
+
 // One micro-batch: an example from `latents` [B, C, h, w] (on the device), the denoiser's
-// prediction, the weighted MSE (float32 scalar).
+// prediction, the weighted MSE (float32 scalar). With a shard the noise and timesteps are drawn
+// for the whole global batch and the shard's rows are used: the same values one device would
+// draw for them.
 at::Tensor training_loss(DiffusionModel& model, const TrainingObjective& objective, const at::Tensor& latents,
-                         const Conditioning& conditioning, at::Generator& rng);
+                         const Conditioning& conditioning, at::Generator& rng, const BatchShard& shard = {});
 
 }  // namespace lt::train

@@ -24,6 +24,8 @@ struct RunRequest {
   // Test hook: called once right before the first training step (e.g. to inject failures into
   // training steps only).
   std::function<void(memory::DeviceMemory&)> on_training_start;
+  // Test hook: called before each training step (1-based), e.g. to inject a failure into one step.
+  std::function<void(int64_t step, memory::DeviceMemory&)> on_step_start;
   // Test hook: stop (as if interrupted by SIGINT) after this many completed steps.
   std::optional<int64_t> stop_after_steps;
 };
