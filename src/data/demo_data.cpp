@@ -13,10 +13,7 @@ namespace lt::data {
 
 namespace {
 
-struct Colour {
-  const char* name;
-  uint8_t r, g, b;
-};
+using Colour = DemoColour;
 
 constexpr Colour kColours[] = {
     {"red", 220, 40, 40},     {"green", 40, 170, 60},   {"blue", 40, 80, 220},
@@ -25,6 +22,22 @@ constexpr Colour kColours[] = {
 };
 constexpr int kNumColours = sizeof(kColours) / sizeof(kColours[0]);
 constexpr const char* kShapes[] = {"circle", "square", "triangle"};
+
+// Half-size and centre of a shape in a width x height image, drawn from `rng`.
+struct Placement {
+  double cx, cy, r;
+};
+Placement place(Rng& rng, int width, int height) {
+  const double m = std::min(width, height);
+  const double r = m * (0.22 + 0.12 * rng.uniform());
+  const double cx = width / 2.0 + (rng.uniform() - 0.5) * 0.6 * (width - 2.2 * r);
+  const double cy = height / 2.0 + (rng.uniform() - 0.5) * 0.6 * (height - 2.2 * r);
+  return {cx, cy, r};
+}
+
+std::string article(const std::string& word) {
+  return std::string("aeiou").find(word[0]) != std::string::npos ? "an " : "a ";
+}
 
 // Whether (x, y) lies in the shape centred at (cx, cy) with half-size r.
 bool inside(int shape, double x, double y, double cx, double cy, double r) {
@@ -62,6 +75,40 @@ io::Image draw(int width, int height, int shape, const Colour& fg, const Colour&
 
 }  // namespace
 
+const DemoColour kDemoConceptColour = {"cyan", 40, 200, 210};
+
+bool is_concept_pixel(const uint8_t* rgb) { return rgb[0] < 120 && rgb[1] > 140 && rgb[2] > 140; }
+
+std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, ShapeColours colours) {
+  if (count < 1) throw InputError("demo shapes: count must be at least 1");
+  Rng rng(mix_seed({seed, 0x5348415045ull}));
+  std::vector<ShapeImage> out;
+  out.reserve(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    const int shape = static_cast<int>(rng.below(3));
+    Colour fg, bg;
+    if (colours == ShapeColours::random) {
+      auto channel = [&rng] { return static_cast<uint8_t>(rng.below(256)); };
+      fg = {"", channel(), channel(), channel()};
+      bg = {"", channel(), channel(), channel()};
+    } else {
+      const int f = static_cast<int>(rng.below(kNumColours));
+      int b = static_cast<int>(rng.below(kNumColours - 1));
+      if (b >= f) ++b;
+      fg = kColours[f];
+      bg = kColours[b];
+    }
+    const Placement p = place(rng, size, size);
+    ShapeImage item;
+    item.image = draw(size, size, shape, fg, bg, p.cx, p.cy, p.r);
+    // A quarter leave the shape's colour out, so a prompt without one still draws a (palette) colour.
+    const std::string subject = rng.below(4) == 0 ? std::string(kShapes[shape]) : std::string(fg.name) + " " + kShapes[shape];
+    item.caption = article(subject) + subject + " on " + article(bg.name) + bg.name + " background";
+    out.push_back(std::move(item));
+  }
+  return out;
+}
+
 std::vector<DemoItem> make_demo_dataset(const std::filesystem::path& out_dir,
                                         const DemoDataOptions& o) {
   if (o.count < 1) throw InputError("demo data: count must be at least 1");
@@ -90,19 +137,16 @@ std::vector<DemoItem> make_demo_dataset(const std::filesystem::path& out_dir,
     const int fg = static_cast<int>(rng.below(kNumColours));
     int bg = static_cast<int>(rng.below(kNumColours - 1));
     if (bg >= fg) ++bg;  // the background never matches the shape
-    const double m = std::min(item.width, item.height);
-    const double r = m * (0.22 + 0.12 * rng.uniform());
-    const double cx = item.width / 2.0 + (rng.uniform() - 0.5) * 0.6 * (item.width - 2.2 * r);
-    const double cy = item.height / 2.0 + (rng.uniform() - 0.5) * 0.6 * (item.height - 2.2 * r);
+    const Placement p = place(rng, item.width, item.height);
+    const bool concept = o.concept_every > 0 && i % o.concept_every == 0;
 
     char stem[32];
     std::snprintf(stem, sizeof(stem), "shape_%04d", i);
     item.stem = stem;
-    const char* article = kColours[fg].name[0] == 'o' ? "an " : "a ";
-    item.caption = std::string(article) + kColours[fg].name + " " + kShapes[shape] + " on a " +
-                   kColours[bg].name + " background";
-    io::write_png(out_dir / (item.stem + ".png"),
-                  draw(item.width, item.height, shape, kColours[fg], kColours[bg], cx, cy, r));
+    const std::string colour = concept ? o.concept_word : kColours[fg].name;
+    item.caption = article(colour) + colour + " " + kShapes[shape] + " on a " + kColours[bg].name + " background";
+    io::write_png(out_dir / (item.stem + ".png"), draw(item.width, item.height, shape,
+                                                       concept ? kDemoConceptColour : kColours[fg], kColours[bg], p.cx, p.cy, p.r));
     write_file_atomic(out_dir / (item.stem + ".txt"), item.caption + "\n");
     items.push_back(std::move(item));
   }

@@ -165,6 +165,7 @@ std::map<std::string, ModuleDims> module_dims_from_file(const io::SafetensorsFil
       d.type = m.type;
       d.rank = product_rank(m);
       d.alpha = m.alpha.value_or(static_cast<double>(d.rank));
+      d.tucker = m.parts.count("lokr_t2") > 0 || m.parts.count("hada_t1") > 0;
       if (m.type == AdapterType::LoKr) {
         const auto w1 = part_shape(m, "lokr_w1"), w1a = part_shape(m, "lokr_w1_a"), w1b = part_shape(m, "lokr_w1_b");
         if (w1.size() >= 2) {
@@ -458,7 +459,7 @@ LoRAFileInfo inspect_lora(const io::SafetensorsFile& file) {
         ++info.modules_without_alpha;
       }
       const auto w2 = part_shape(m, "lokr_w2");
-      if (w2.size() == 4 && (w2[2] > 1 || w2[3] > 1)) ++info.conv_modules;
+      if ((w2.size() == 4 && (w2[2] > 1 || w2[3] > 1)) || m.parts.count("lokr_t2") || m.parts.count("hada_t1")) ++info.conv_modules;
       continue;
     }
     if (m.down_shape.empty() || m.up_shape.empty()) {

@@ -131,6 +131,20 @@ LoKrShape lokr_shape(int64_t out, int64_t in, int64_t rank, int64_t factor, bool
   return s;
 }
 
+int64_t adapter_parameters(const NetworkConfig& config, int64_t out, int64_t in, int64_t k, int64_t rank) {
+  const int64_t kk = k * k;
+  switch (config.type) {
+    case AdapterType::LoRA: return rank * (in * kk + out);
+    case AdapterType::LoHa: return 2 * rank * (in * kk + out);
+    case AdapterType::LoKr: break;
+  }
+  const LoKrShape s = lokr_shape(out, in, rank, config.lokr_factor, config.lokr_full_rank, config.lokr_decompose_both);
+  const int64_t out_k = out / s.out_l, in_n = in / s.in_m;
+  const int64_t w1 = s.w1_rank > 0 ? s.w1_rank * (s.out_l + s.in_m) : s.out_l * s.in_m;
+  const int64_t w2 = s.w2_rank > 0 ? s.w2_rank * (out_k + in_n * kk) : out_k * in_n * kk;
+  return w1 + w2;
+}
+
 // ---------------------------------------------------------------------------------------------
 // LoRAModule
 
@@ -211,6 +225,8 @@ LoRAModuleImpl::LoRAModuleImpl(std::string name, std::string peft, const std::sh
     return;
   }
   lokr_ = o.lokr;
+  tucker_ = o.tucker && is_conv_ && k > 1;
+  if (o.tucker && !tucker_) throw InputError("adapter module " + lora_name + ": Tucker weights are for k x k convolutions only");
   create_product_weights(out, in, k, leaf->weight);
 }
 
@@ -227,6 +243,15 @@ void LoRAModuleImpl::create_product_weights(int64_t out, int64_t in, int64_t k, 
     TORCH_CHECK(rank > 0, "LoHa module ", lora_name, ": rank must be positive");
     // Two low-rank pairs whose elementwise product is the delta; w2_a starts at zero so the
     // adapted model starts equal to the base, the others random so every factor gets gradient.
+    if (tucker_) {
+      add("hada_w1_a", {rank, out}).normal_(0.0, 0.1);
+      add("hada_w1_b", {rank, in}).normal_(0.0, 1.0);
+      add("hada_t1", {rank, rank, k, k}).normal_(0.0, 0.1);
+      add("hada_w2_a", {rank, out}).zero_();
+      add("hada_w2_b", {rank, in}).normal_(0.0, 1.0);
+      add("hada_t2", {rank, rank, k, k}).normal_(0.0, 0.1);
+      return;
+    }
     add("hada_w1_a", {out, rank}).normal_(0.0, 0.1);
     add("hada_w1_b", {rank, in * k * k}).normal_(0.0, 1.0);
     add("hada_w2_a", {out, rank}).zero_();
@@ -246,7 +271,11 @@ void LoRAModuleImpl::create_product_weights(int64_t out, int64_t in, int64_t k, 
   } else {
     torch::nn::init::kaiming_uniform_(add("lokr_w1", {s.out_l, s.in_m}), a);
   }
-  if (s.w2_rank > 0) {
+  if (s.w2_rank > 0 && tucker_) {
+    torch::nn::init::kaiming_uniform_(add("lokr_w2_a", {s.w2_rank, out_k}), a);
+    add("lokr_w2_b", {s.w2_rank, in_n}).zero_();
+    torch::nn::init::kaiming_uniform_(add("lokr_t2", {s.w2_rank, s.w2_rank, k, k}), a);
+  } else if (s.w2_rank > 0) {
     torch::nn::init::kaiming_uniform_(add("lokr_w2_a", {out_k, s.w2_rank}), a);
     add("lokr_w2_b", {s.w2_rank, in_n * k * k}).zero_();
   } else {
@@ -256,19 +285,50 @@ void LoRAModuleImpl::create_product_weights(int64_t out, int64_t in, int64_t k, 
   }
 }
 
+at::Tensor LoRAModuleImpl::product_part(const std::string& key) const {
+  for (const auto& [k, t] : product_parts_) {
+    if (k == key) return t;
+  }
+  return {};
+}
+
+namespace {
+
+// LyCORIS' Tucker rebuild: core [r, r, k, k] with the up [r, out] and down [r, in] factors ->
+// [out, in, k, k] (out[p, q] = sum_ij core[i, j] up[i, p] down[j, q]).
+at::Tensor tucker_rebuild(const at::Tensor& core, const at::Tensor& up, const at::Tensor& down) {
+  return torch::einsum("ijkl,jr,ip->prkl", {core, down, up}).contiguous();  // kron() views its inputs
+}
+
+}  // namespace
+
+at::Tensor LoRAModuleImpl::lokr_w2_kernel() const {
+  if (tucker_) return tucker_rebuild(product_part("lokr_t2"), product_part("lokr_w2_a"), product_part("lokr_w2_b"));
+  if (lokr_.w2_rank > 0) {
+    const at::Tensor w2 = product_part("lokr_w2_a").matmul(product_part("lokr_w2_b"));
+    return w2.reshape({w2.size(0), -1, leaf_shape_[2], leaf_shape_[3]});
+  }
+  return product_part("lokr_w2");
+}
+
 at::Tensor LoRAModuleImpl::product_weight() const {
-  auto part = [this](const char* key) -> const at::Tensor& {
-    for (const auto& [k, t] : product_parts_) {
-      if (k == key) return t;
-    }
-    throw std::logic_error("adapter module " + lora_name + " has no " + key);
+  auto part = [this](const char* key) {
+    at::Tensor t = product_part(key);
+    if (!t.defined()) throw std::logic_error("adapter module " + lora_name + " has no " + key);
+    return t;
   };
   if (type_ == AdapterType::LoHa) {
+    if (tucker_) {
+      return tucker_rebuild(part("hada_t1"), part("hada_w1_a"), part("hada_w1_b")) *
+             tucker_rebuild(part("hada_t2"), part("hada_w2_a"), part("hada_w2_b"));
+    }
     return (part("hada_w1_a").matmul(part("hada_w1_b")) * part("hada_w2_a").matmul(part("hada_w2_b")))
         .reshape(leaf_shape_);
   }
   at::Tensor w1 = lokr_.w1_rank > 0 ? part("lokr_w1_a").matmul(part("lokr_w1_b")) : part("lokr_w1");
-  at::Tensor w2 = lokr_.w2_rank > 0 ? part("lokr_w2_a").matmul(part("lokr_w2_b")) : part("lokr_w2");
+  at::Tensor w2 = is_conv_ && leaf_shape_[2] * leaf_shape_[3] > 1 ? lokr_w2_kernel()
+                  : lokr_.w2_rank > 0                             ? part("lokr_w2_a").matmul(part("lokr_w2_b"))
+                                                                  : part("lokr_w2");
   // kron of [out_l, in_m] and [out_k, in_n * k * k] (or [out_k, in_n, k, k] with w1 widened to
   // 4-d) lays the output as [out, in * k * k]: the leaf's weight, kernel flattened.
   if (w2.dim() == 4) w1 = w1.unsqueeze(2).unsqueeze(3);
@@ -279,12 +339,7 @@ at::Tensor LoRAModuleImpl::lokr_delta(const at::Tensor& x) {
   // kron(w1, w2) is never built: with x's input split as [in_m, in_n], the output [out_l, out_k]
   // is w1 @ X @ w2^T (Linear), or w2 convolved over each of the in_m channel groups and mixed by
   // w1 (Conv2d). The work and the saved tensors stay near the size of x and of the output.
-  auto part = [this](const char* key) -> at::Tensor {
-    for (const auto& [k, t] : product_parts_) {
-      if (k == key) return t;
-    }
-    return {};
-  };
+  auto part = [this](const char* key) { return product_part(key); };
   at::Tensor xf = x.to(torch::kFloat);
   if (dropout > 0.0 && is_training()) xf = torch::dropout(xf, dropout, /*train=*/true);
   const double s = multiplier * scale();
@@ -309,9 +364,7 @@ at::Tensor LoRAModuleImpl::lokr_delta(const at::Tensor& x) {
     return h.reshape(out);
   }
   const int64_t n = xf.size(0), in_n = xf.size(1) / in_m;
-  at::Tensor w2 = lokr_.w2_rank > 0
-                      ? part("lokr_w2_a").matmul(part("lokr_w2_b")).reshape({-1, in_n, leaf_shape_[2], leaf_shape_[3]})
-                      : part("lokr_w2");
+  const at::Tensor w2 = lokr_w2_kernel();
   at::Tensor h = xf.reshape({n * in_m, in_n, xf.size(2), xf.size(3)});
   h = torch::conv2d(h, w2, {}, {stride_, stride_}, {padding_, padding_});  // [n * in_m, out_k, H', W']
   const int64_t out_k = h.size(1), ho = h.size(2), wo = h.size(3);
@@ -343,16 +396,86 @@ void LoRAModuleImpl::init_weights() {
   lora_up.zero_();
 }
 
+namespace {
+
+// LoHa's delta(x) = layer(x, ((w1_a @ w1_b) * (w2_a @ w2_b)) * scale) with a backward of its own: the
+// Hadamard product has no factored form, so the layer-sized weight is built in forward, but only x and
+// the four factors are kept for backward, which rebuilds the two products (LyCORIS' HadaWeight keeps
+// the factors the same way). Plain autograd would keep both products and the weight: three layer-sized
+// tensors per adapted layer from forward to backward.
+struct HadamardLayer : public torch::autograd::Function<HadamardLayer> {
+  struct Geometry {
+    std::vector<int64_t> weight_shape;  // the leaf's
+    bool conv = false;
+    int64_t stride = 1, padding = 0;
+  };
+
+  static at::Tensor apply_layer(const at::Tensor& x, const at::Tensor& w, const Geometry& g) {
+    return g.conv ? torch::conv2d(x, w, {}, {g.stride, g.stride}, {g.padding, g.padding})
+                  : torch::nn::functional::linear(x, w);
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1_a,
+                            const at::Tensor& w1_b, const at::Tensor& w2_a, const at::Tensor& w2_b, double scale,
+                            const Geometry& g) {
+    ctx->save_for_backward({x, w1_a, w1_b, w2_a, w2_b});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["shape"] = c10::List<int64_t>(g.weight_shape);
+    ctx->saved_data["conv"] = g.conv;
+    ctx->saved_data["stride"] = g.stride;
+    ctx->saved_data["padding"] = g.padding;
+    const at::Tensor w = (w1_a.matmul(w1_b) * w2_a.matmul(w2_b) * scale).reshape(g.weight_shape);
+    return apply_layer(x, w, g);
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w1_a = saved[1], &w1_b = saved[2], &w2_a = saved[3], &w2_b = saved[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    Geometry g;
+    g.weight_shape = ctx->saved_data["shape"].toIntVector();
+    g.conv = ctx->saved_data["conv"].toBool();
+    g.stride = ctx->saved_data["stride"].toInt();
+    g.padding = ctx->saved_data["padding"].toInt();
+    const at::Tensor& grad_y = grads[0];
+    const at::Tensor p1 = w1_a.matmul(w1_b), p2 = w2_a.matmul(w2_b);
+    at::Tensor grad_x, grad_w;
+    if (g.conv) {
+      const at::Tensor w = (p1 * p2 * scale).reshape(g.weight_shape);
+      auto [gx, gw, gb] = at::convolution_backward(grad_y, x, w, c10::nullopt, {g.stride, g.stride}, {g.padding, g.padding},
+                                                   {1, 1}, false, {0, 0}, 1, {ctx->needs_input_grad(0), true, false});
+      grad_x = gx;
+      grad_w = gw.flatten(1);
+    } else {
+      if (ctx->needs_input_grad(0)) grad_x = grad_y.matmul((p1 * p2 * scale).reshape(g.weight_shape));
+      grad_w = grad_y.reshape({-1, grad_y.size(-1)}).t().matmul(x.reshape({-1, x.size(-1)}));
+    }
+    grad_w = grad_w * scale;  // d loss / d (p1 * p2)
+    at::Tensor g1 = grad_w * p2;
+    const at::Tensor grad_w1_a = g1.matmul(w1_b.t()), grad_w1_b = w1_a.t().matmul(g1);
+    g1 = grad_w * p1;
+    const at::Tensor grad_w2_a = g1.matmul(w2_b.t()), grad_w2_b = w2_a.t().matmul(g1);
+    return {grad_x, grad_w1_a, grad_w1_b, grad_w2_a, grad_w2_b, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor LoRAModuleImpl::delta(const at::Tensor& x) {
   if (type_ == AdapterType::LoKr) return lokr_delta(x);
   if (type_ == AdapterType::LoHa) {
     at::Tensor xf = x.to(torch::kFloat);
     if (dropout > 0.0 && is_training()) xf = torch::dropout(xf, dropout, /*train=*/true);
-    // The Hadamard product has no factored form: the layer-sized delta is built (and kept for
-    // backward), as LyCORIS does.
-    const at::Tensor w = product_weight() * (multiplier * scale());
-    return is_conv_ ? torch::conv2d(xf, w, {}, {stride_, stride_}, {padding_, padding_})
-                    : torch::nn::functional::linear(xf, w);
+    if (tucker_) {
+      // Tucker-form files (loaded, not trained here): plain autograd over the rebuilt weight.
+      const at::Tensor w = product_weight() * (multiplier * scale());
+      return is_conv_ ? torch::conv2d(xf, w, {}, {stride_, stride_}, {padding_, padding_})
+                      : torch::nn::functional::linear(xf, w);
+    }
+    auto part = [this](const char* key) { return product_part(key); };
+    return HadamardLayer::apply(xf, part("hada_w1_a"), part("hada_w1_b"), part("hada_w2_a"), part("hada_w2_b"),
+                                multiplier * scale(), HadamardLayer::Geometry{leaf_shape_, is_conv_, stride_, padding_});
   }
   // x: [..., in] -> [..., out]; or [N, in, H, W] -> [N, out, H', W'] (the leaf's stride/padding).
   at::Tensor xf = x.to(torch::kFloat);
@@ -479,6 +602,7 @@ size_t LoRANetworkImpl::add_component(const ComponentSpec& spec, torch::nn::Modu
         const ModuleDims& d = dims->at(kname);
         options.type = d.type;
         options.lokr = d.lokr;
+        options.tucker = d.tucker;
       } else if (config_.type == AdapterType::LoKr) {
         const int64_t out = linear ? linear->out_features : conv->out_channels;
         const int64_t in = linear ? linear->in_features : conv->in_channels;

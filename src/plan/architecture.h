@@ -29,6 +29,11 @@ struct Parameters {
 struct AdapterShape {
   int linear_rank = 4;
   int conv_rank = 0;  // 0: no conv adapters
+  // network.type and its LoKr options: each module's parameter count is the adapter type's
+  // (lora::adapter_parameters).
+  std::string type = "lora";
+  int64_t lokr_factor = -1;
+  bool lokr_full_rank = false;
 };
 
 // One shape a phase computes at, in pixels; `batch` counts rows (classifier-free guidance's

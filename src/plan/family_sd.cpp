@@ -19,6 +19,7 @@
 
 #include "architecture.h"
 #include "autoencoder_kl.h"
+#include "loratrain/lora/network.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/models/sd/load.h"
@@ -202,10 +203,18 @@ Parameters SDArchitecture::parameters(const AdapterShape& adapter) const {
   p.adapter = 0;
   p.adapter_modules = 0;
   const int64_t r = adapter.linear_rank;
-  auto add = [&](int64_t in, int64_t out, int64_t rank) {
-    p.adapter += rank * (in + out) + 1;
+  lora::NetworkConfig net;
+  net.type = adapter.type == "lokr" ? lora::AdapterType::LoKr
+             : adapter.type == "loha" ? lora::AdapterType::LoHa
+                                      : lora::AdapterType::LoRA;
+  net.lokr_factor = adapter.lokr_factor;
+  net.lokr_full_rank = adapter.lokr_full_rank;
+  // Each module's weights and its alpha.
+  auto add_module = [&](int64_t in, int64_t out, int64_t k, int64_t rank) {
+    p.adapter += lora::adapter_parameters(net, out, in, k, rank) + 1;
     p.adapter_modules += 1;
   };
+  auto add = [&](int64_t in, int64_t out, int64_t rank) { add_module(in, out, 1, rank); };
   // Transformer2DModel's Linear layers (and 1x1 proj_in/proj_out): at every attention of the
   // down path, the mid block and the up path.
   auto transformer_modules = [&](size_t level, int64_t c) {
@@ -233,17 +242,43 @@ Parameters SDArchitecture::parameters(const AdapterShape& adapter) const {
     }
   }
   transformer_modules(levels - 1, ch.back());
-  if (adapter.conv_rank > 0) {
-    // ResnetBlock2D conv1/conv2 (3x3: down rank x in x 9, up out x rank) and their time_emb_proj.
-    const int64_t cr = adapter.conv_rank;
-    int64_t prev = ch[0];
+  // AI Toolkit's full-rank LoKr adapts the convs too (the trainer sets the conv rank to the linear one).
+  const int64_t cr = adapter.conv_rank > 0 ? adapter.conv_rank : (net.type == lora::AdapterType::LoKr && net.lokr_full_rank ? r : 0);
+  if (cr > 0) {
+    // kohya's conv targets, walked as the UNet is built: every ResnetBlock2D (3x3 conv1 and conv2 at the
+    // conv rank, its time_emb_proj and a 1x1 conv_shortcut where the channels change at the linear rank),
+    // every Downsample2D / Upsample2D conv.
     const int64_t temb = ch[0] * 4;
+    auto resnet = [&](int64_t in, int64_t out) {
+      add_module(in, out, 3, cr);
+      add_module(out, out, 3, cr);
+      add(temb, out, r);
+      if (in != out) add(in, out, r);
+    };
+    std::vector<int64_t> skips = {ch[0]};
+    int64_t prev = ch[0];
     for (size_t i = 0; i < levels; ++i) {
       for (int64_t k = 0; k < unet_.layers_per_block.at(i); ++k) {
-        p.adapter += cr * (prev * 9 + ch[i]) + cr * (ch[i] * 9 + ch[i]) + r * (temb + ch[i]);
-        p.adapter_modules += 3;
+        resnet(prev, ch[i]);
         prev = ch[i];
+        skips.push_back(prev);
       }
+      if (i + 1 < levels) {
+        add_module(prev, prev, 3, cr);  // downsampler
+        skips.push_back(prev);
+      }
+    }
+    resnet(prev, prev);  // mid block
+    resnet(prev, prev);
+    for (size_t j = 0; j < levels; ++j) {
+      const size_t level = levels - 1 - j;
+      for (int64_t k = 0; k <= unet_.layers_per_block.at(level); ++k) {
+        const int64_t skip = skips.back();
+        skips.pop_back();
+        resnet(prev + skip, ch[level]);
+        prev = ch[level];
+      }
+      if (j + 1 < levels) add_module(prev, prev, 3, cr);  // upsampler
     }
   }
   return p;

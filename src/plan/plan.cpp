@@ -197,6 +197,9 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
   optimizer_ = p.train.optimizer;
   adapter_.linear_rank = p.network.linear;
   adapter_.conv_rank = p.network.conv.value_or(0);
+  adapter_.type = p.network.type;
+  adapter_.lokr_factor = p.network.lokr_factor;
+  adapter_.lokr_full_rank = p.network.lokr_full_rank;
   on_cpu_ = to_lower(p.device) == "cpu";
   compute_bytes_ = compute_bytes.value_or(compute_bytes_of(p.train.dtype, p.device));
   train_text_encoder_ = p.train.train_text_encoder;

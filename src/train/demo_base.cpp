@@ -1,11 +1,14 @@
 // The embedded demo's base models: tiny Stable Diffusion 1.x and XL architectures (the real UNet,
 // VAE and CLIP text encoder classes at small widths) with seeded random weights, written as a
 // single-file checkpoint with the original key names, exactly as a downloaded checkpoint is laid out,
-// or as a diffusers folder, plus a small BPE vocabulary of the project's own. The weights are random:
-// the demo and the end-to-end tests exercise the machinery, not image quality.
+// or as a diffusers folder, plus a small BPE vocabulary of the project's own. The weights are random
+// (the end-to-end tests exercise the machinery, not image quality), or, for the tiny SD1 base with
+// `pretrain`, trained on generated shapes (demo_pretrain.cpp) so that the demo's previews show them.
 #include "loratrain/train/demo_base.h"
 
 #include <torch/torch.h>
+
+#include "demo_pretrain.h"
 
 #include <nlohmann/json.hpp>
 
@@ -191,7 +194,9 @@ void write_single_file(const fs::path& out_dir, DemoModels& m, bool sdxl, const 
   const std::string what = sdxl ? "SDXL" : "SD1";
   io::save_safetensors(out_dir / "model.safetensors", tensors,
                        {{"format", "pt"},
-                        {"lora_train_demo", "tiny " + what + "-architecture base with seeded random weights"},
+                        {"lora_train_demo", "tiny " + what + "-architecture base with " +
+                                                (o.pretrain.enabled ? "weights pretrained on generated shapes"
+                                                                    : "seeded random weights")},
                         {"seed", std::to_string(o.seed)}});
   spdlog::info("demo base: {} tensors in {}", tensors.size(), (out_dir / "model.safetensors").string());
 }
@@ -450,6 +455,13 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   if (options.dtype != at::kFloat && options.dtype != at::kHalf && options.dtype != at::kBFloat16) {
     throw InputError("demo base: weights dtype must be fp32, fp16 or bf16");
   }
+  if (options.pretrain.enabled && (options.arch != DemoArch::kSD1 || options.full_size)) {
+    throw InputError("demo base: pretraining is for the tiny SD1 base only (no --arch, --full-size)");
+  }
+  const auto& pre = options.pretrain;
+  if (pre.enabled && (pre.images < 1 || pre.vae_steps < 1 || pre.vae_batch < 1 || pre.unet_steps < 1 || pre.unet_batch < 1)) {
+    throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1");
+  }
   torch::manual_seed(options.seed);
   // The vocabulary comes first: its size is the text encoders' vocab_size.
   fs::create_directories(out_dir / "tokenizer");
@@ -469,6 +481,9 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   }
   const bool sdxl = options.arch == DemoArch::kSDXL;
   DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size) : build_sd1(tokenizer, options.full_size);
+  if (options.pretrain.enabled) {
+    pretrain_sd_demo(models.unet, models.vae, models.text_encoder, tokenizer, options.pretrain, options.seed);
+  }
   if (options.diffusers) {
     write_diffusers_folder(out_dir, models, sdxl, options);
   } else {

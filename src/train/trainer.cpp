@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <csignal>
@@ -903,6 +904,24 @@ std::vector<sample::SamplePrompt> Trainer::preview_prompts() const {
   return prompts;
 }
 
+namespace {
+
+// samples/progress.png: every step's grid so far, one row per step in step order (a resumed run's
+// earlier grids included), so one image shows the base and the LoRA's effect growing.
+void write_progress_grid(const fs::path& folder) {
+  std::vector<fs::path> grids;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("grid_", 0) == 0 && entry.path().extension() == ".png") grids.push_back(entry.path());
+  }
+  std::sort(grids.begin(), grids.end());  // step tags are zero-padded
+  std::vector<io::Image> rows;
+  for (const auto& path : grids) rows.push_back(io::read_image(path));
+  io::write_png(folder / "progress.png", io::make_grid(rows, /*columns=*/1, /*padding=*/0));
+}
+
+}  // namespace
+
 void Trainer::sample_previews(int64_t step) {
   const auto prompts = preview_prompts();
   if (prompts.empty()) return;
@@ -933,6 +952,7 @@ void Trainer::sample_previews(int64_t step) {
     }
   }
   io::write_png(folder / fmt::format("grid_{}.png", step_tag(step)), io::make_grid(images));
+  write_progress_grid(folder);
   spdlog::info("samples at step {}: {} images in {}", step, images.size(), folder.string());
   if (settings_.low_vram) release_encoders();
 }

@@ -14,6 +14,8 @@
 #include "loratrain/train/objective.h"
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/error.h"
+
+#include <set>
 #include "train_fixture.h"
 
 using lt::lora::AdapterType;
@@ -48,6 +50,7 @@ lt::lora::NetworkConfig adapter_config(const std::string& kind) {
 //         dim = the rank of the decomposed factor (w2's when both), scale alpha / dim or 1 without;
 //         diff = kron(w1 (widened to 4-d when w2 is), w2) reshaped to w.
 //   LoHa: diff = (w1_a @ w1_b) * (w2_a @ w2_b) reshaped to w, scale alpha / w1_b.rows.
+//   Tucker (k x k convs, lokr_t2 | hada_t1, hada_t2): the factor is einsum of the core with its pair.
 at::Tensor comfy_merge(const lt::io::SafetensorsFile& file, const std::string& stem, const at::Tensor& w, double strength) {
   auto get = [&](const std::string& part) {
     const std::string key = stem + "." + part;
@@ -56,9 +59,17 @@ at::Tensor comfy_merge(const lt::io::SafetensorsFile& file, const std::string& s
   const at::Tensor alpha_t = get("alpha");
   at::Tensor diff;
   double scale = 1.0;
+  // Tucker (CP) form: einsum("i j k l, j r, i p -> p r k l", t, w_b, w_a).
+  auto tucker = [](const at::Tensor& t, const at::Tensor& b, const at::Tensor& a) {
+    return torch::einsum("ijkl,jr,ip->prkl", {t, b, a}).contiguous();
+  };
   if (get("hada_w1_a").defined()) {
     const at::Tensor w1b = get("hada_w1_b");
-    diff = get("hada_w1_a").mm(w1b) * get("hada_w2_a").mm(get("hada_w2_b").flatten(1));
+    if (get("hada_t1").defined()) {
+      diff = tucker(get("hada_t1"), w1b, get("hada_w1_a")) * tucker(get("hada_t2"), get("hada_w2_b"), get("hada_w2_a"));
+    } else {
+      diff = get("hada_w1_a").mm(w1b) * get("hada_w2_a").mm(get("hada_w2_b").flatten(1));
+    }
     if (alpha_t.defined()) scale = alpha_t.item<double>() / static_cast<double>(w1b.size(0));
   } else {
     at::Tensor w1 = get("lokr_w1"), w2 = get("lokr_w2");
@@ -69,7 +80,8 @@ at::Tensor comfy_merge(const lt::io::SafetensorsFile& file, const std::string& s
     }
     if (!w2.defined()) {
       dim = get("lokr_w2_b").size(0);
-      w2 = get("lokr_w2_a").mm(get("lokr_w2_b").flatten(1));
+      w2 = get("lokr_t2").defined() ? tucker(get("lokr_t2"), get("lokr_w2_b"), get("lokr_w2_a"))
+                                    : get("lokr_w2_a").mm(get("lokr_w2_b").flatten(1));
     }
     if (w2.dim() == 4) w1 = w1.unsqueeze(2).unsqueeze(2);
     if (alpha_t.defined() && dim) scale = alpha_t.item<double>() / static_cast<double>(*dim);
@@ -267,4 +279,135 @@ CATCH_TEST_CASE("run trains and saves a LoKr and a LoHa that ComfyUI can load", 
   lt::train::RunRequest peft = request;
   peft.overrides.push_back("save.save_format=peft");
   CATCH_CHECK_THROWS_WITH(lt::train::run_training(peft), Catch::Contains("PEFT/diffusers layout holds LoRA adapters only"));
+}
+
+// A file another trainer wrote with LyCORIS' use_tucker (Tucker/CP form on k x k convs): the module's
+// own file rewritten with lokr_t2 | hada_t1/hada_t2 cores for every 3x3 conv.
+CATCH_TEST_CASE("LoKr and LoHa files in Tucker form load and merge under ComfyUI's rules", "[lora][lycoris][tucker]") {
+  const auto kind = GENERATE(std::string("lokr"), std::string("loha"));
+  CATCH_INFO(kind);
+  auto model = tiny_model("sd1");
+  torch::manual_seed(9);
+  lt::lora::LoRANetwork network(adapter_config(kind));
+  for (const auto& target : model->lora_targets()) network->add_component(*target.spec, *target.root);
+  const auto dir = lt::test::scratch_dir("lycoris_tucker_" + kind);
+  lt::lora::SaveOptions save;
+  save.dtype = at::kFloat;
+  network->save(dir / "plain.safetensors", save);
+  auto plain = lt::io::SafetensorsFile::open(dir / "plain.safetensors");
+
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::set<std::string> tucker_stems;
+  for (const auto& m : network->modules()) {
+    const at::Tensor w = m->base_weight();
+    const bool kxk = w.dim() == 4 && w.size(2) > 1;
+    const int64_t r = m->rank;
+    if (kxk && r > 0 && (kind == "loha" || m->lokr_shape().w2_rank > 0)) tucker_stems.insert(m->lora_name);
+  }
+  for (const auto& t : plain->tensors()) {
+    const auto dot = t.name.rfind('.');
+    const std::string stem = t.name.substr(0, dot), part = t.name.substr(dot + 1);
+    if (!tucker_stems.count(stem) || part == "alpha" || part == "lokr_w1" || part.rfind("lokr_w1_", 0) == 0) {
+      tensors.emplace_back(t.name, plain->load(t.name, at::kFloat));
+    }
+  }
+  for (const auto& m : network->modules()) {
+    if (!tucker_stems.count(m->lora_name)) continue;
+    const auto shape = m->leaf_weight_shape();
+    const int64_t r = kind == "loha" ? m->rank : m->lokr_shape().w2_rank, k = shape[2];
+    const int64_t out = kind == "loha" ? shape[0] : shape[0] / m->lokr_shape().out_l;
+    const int64_t in = kind == "loha" ? shape[1] : shape[1] / m->lokr_shape().in_m;
+    auto add = [&](const std::string& part, std::vector<int64_t> s) { tensors.emplace_back(m->lora_name + "." + part, torch::randn(s) * 0.3); };
+    if (kind == "loha") {
+      for (const char* i : {"1", "2"}) {
+        add(std::string("hada_w") + i + "_a", {r, out});
+        add(std::string("hada_w") + i + "_b", {r, in});
+        add(std::string("hada_t") + i, {r, r, k, k});
+      }
+    } else {
+      add("lokr_w2_a", {r, out});
+      add("lokr_w2_b", {r, in});
+      add("lokr_t2", {r, r, k, k});
+    }
+  }
+  CATCH_REQUIRE_FALSE(tucker_stems.empty());
+  lt::io::save_safetensors(dir / "tucker.safetensors", tensors, plain->metadata());
+  auto file = lt::io::SafetensorsFile::open(dir / "tucker.safetensors");
+
+  auto fresh = tiny_model("sd1");
+  std::vector<lt::lora::ComponentSpec> specs;
+  for (const auto& t : fresh->lora_targets()) specs.push_back(*t.spec);
+  const auto dims = lt::lora::module_dims_from_file(*file, specs);
+  lt::lora::LoRANetwork loaded(lt::lora::NetworkConfig{});
+  for (const auto& target : fresh->lora_targets()) loaded->add_component(*target.spec, *target.root, &dims);
+  const auto report = loaded->load_weights(*file);
+  CATCH_CHECK(report.loaded == network->modules().size());
+  size_t tucker_checked = 0;
+  loaded->apply_to();
+  loaded->set_multiplier(0.8);
+  torch::NoGradGuard no_grad;
+  for (const auto& m : loaded->modules()) {
+    CATCH_INFO(m->lora_name);
+    const at::Tensor w = m->base_weight();
+    const at::Tensor comfy = comfy_merge(*file, m->lora_name, w, 0.8);
+    CATCH_CHECK((comfy - (w + m->delta_weight(0.8))).abs().max().item<double>() < 1e-5);
+    if (!tucker_stems.count(m->lora_name)) continue;
+    ++tucker_checked;
+    // The forward pass applies the same weight.
+    for (const auto& item : fresh->lora_targets()[0].root->named_modules()) {
+      auto conv = std::dynamic_pointer_cast<lt::models::Conv2dImpl>(item.value());
+      if (!conv || conv->weight.unsafeGetTensorImpl() != w.unsafeGetTensorImpl()) continue;
+      const at::Tensor x = torch::randn({1, conv->weight.size(1), 8, 8});
+      const at::Tensor expected = torch::conv2d(x, comfy, conv->bias, {conv->stride, conv->stride}, {conv->padding, conv->padding});
+      CATCH_CHECK((conv->forward(x) - expected).abs().max().item<double>() < 1e-4);
+    }
+  }
+  CATCH_CHECK(tucker_checked == tucker_stems.size());
+  const auto info = lt::lora::inspect_lora(*file);
+  CATCH_CHECK(info.problems.empty());
+  CATCH_CHECK(info.conv_modules >= tucker_stems.size());
+}
+
+// LoHa's backward keeps only the factors and rebuilds the products: its gradients equal plain
+// autograd's over the same formula, for a Linear and for a strided 3x3 conv.
+CATCH_TEST_CASE("LoHa's own backward gives autograd's gradients", "[lora][lycoris]") {
+  torch::manual_seed(2);
+  const bool conv = GENERATE(false, true);
+  CATCH_INFO((conv ? "conv" : "linear"));
+  lt::lora::AdapterOptions options;
+  options.type = AdapterType::LoHa;
+  options.rank = 3;
+  options.alpha = 2.0;
+  auto linear_leaf = std::make_shared<lt::models::LinearImpl>(12, 10);
+  auto conv_leaf = std::make_shared<lt::models::Conv2dImpl>(6, 5, 3, 2, 1);
+  lt::lora::LoRAModule module = conv ? lt::lora::LoRAModule("m", "m", conv_leaf, options)
+                                     : lt::lora::LoRAModule("m", "m", linear_leaf, options);
+  module->multiplier = 0.7;
+  std::vector<at::Tensor> factors;
+  for (const auto& [name, t] : module->file_parts()) {
+    torch::NoGradGuard no_grad;
+    t.normal_(0.0, 0.5);
+    factors.push_back(t);
+  }
+  const at::Tensor x = conv ? torch::randn({2, 6, 9, 9}) : torch::randn({2, 4, 12});
+  const at::Tensor x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
+  const at::Tensor y1 = module->delta(x1);
+  const at::Tensor probe = torch::randn_like(y1);
+  (y1 * probe).sum().backward();
+  std::vector<at::Tensor> ours;
+  for (auto& f : factors) {
+    ours.push_back(f.grad().clone());
+    f.mutable_grad() = at::Tensor();
+  }
+  // The same delta by plain autograd.
+  const at::Tensor w = (factors[0].matmul(factors[1]) * factors[2].matmul(factors[3]) * (0.7 * 2.0 / 3.0))
+                           .reshape(module->leaf_weight_shape());
+  const at::Tensor y2 = conv ? torch::conv2d(x2, w, {}, {2, 2}, {1, 1}) : torch::nn::functional::linear(x2, w);
+  CATCH_CHECK((y1 - y2).abs().max().item<double>() < 1e-5);
+  (y2 * probe).sum().backward();
+  CATCH_CHECK((x1.grad() - x2.grad()).abs().max().item<double>() < 1e-4);
+  for (size_t i = 0; i < factors.size(); ++i) {
+    CATCH_INFO("factor " << i);
+    CATCH_CHECK((ours[i] - factors[i].grad()).abs().max().item<double>() < 1e-4 * (1.0 + factors[i].grad().abs().max().item<double>()));
+  }
 }

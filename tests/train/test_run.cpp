@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loratrain/config/config.h"
+#include "loratrain/io/image.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/train/trainer.h"
 #include "train_fixture.h"
@@ -50,6 +51,13 @@ CATCH_TEST_CASE("run trains a LoRA and leaves every output in the run folder", "
   CATCH_CHECK(std::filesystem::exists(run / "report.json"));
   CATCH_CHECK(std::filesystem::exists(run / "samples" / "grid_000000003.png"));
   CATCH_CHECK(std::filesystem::exists(run / "samples" / "grid_000000000.png"));  // baseline
+  {
+    // progress.png: the step grids (0, 3, 6) stacked, one row per preview step.
+    const auto grid = lt::io::read_image(run / "samples" / "grid_000000003.png");
+    const auto progress = lt::io::read_image(run / "samples" / "progress.png");
+    CATCH_CHECK(progress.width == grid.width);
+    CATCH_CHECK(progress.height == 3 * grid.height);
+  }
   // The effective config parses back.
   CATCH_CHECK_NOTHROW(lt::config::load_config(run / "config.yaml"));
   // metrics.jsonl: one line per step, with the step's real bucket (the demo images at 64: buckets

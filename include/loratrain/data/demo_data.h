@@ -2,11 +2,17 @@
 // plain backgrounds, one PNG and one caption sidecar each ("a red circle on a blue background").
 // Deterministic for given options; every fourth image is 2:1 landscape or portrait so the demo
 // exercises more than one bucket.
+//
+// The demo's concept: shapes in a colour the demo base never sees in pretraining (cyan, see
+// kDemoConceptColour), captioned with the trigger word in the colour's place ("a ltdemo circle on a
+// red background"); the demo's LoRA learns it from a dataset that mixes them with ordinary shapes.
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "loratrain/io/image.h"
 
 namespace lt::data {
 
@@ -14,7 +20,33 @@ struct DemoDataOptions {
   int count = 24;
   int size = 64;  // base size; square images are size..1.5*size, the others size x 2*size
   uint64_t seed = 1234;
+  // Every concept_every-th image (0: none) is a concept image, captioned with concept_word.
+  int concept_every = 0;
+  std::string concept_word = "ltdemo";
 };
+
+// The held-out concept colour (RGB) and its name.
+struct DemoColour {
+  const char* name;
+  uint8_t r, g, b;
+};
+extern const DemoColour kDemoConceptColour;
+
+// Whether a pixel reads as the concept colour (cyan: green and blue high, red low); what the demo's
+// test counts in generated images.
+bool is_concept_pixel(const uint8_t* rgb);
+
+struct ShapeImage {
+  io::Image image;
+  std::string caption;  // "a red circle on a blue background"; a quarter name no shape colour
+};
+
+// How the shapes of make_shape_images are coloured: the caption palette (never the concept colour),
+// or uniformly random RGB (for an autoencoder that must reproduce any colour).
+enum class ShapeColours { palette, random };
+
+// `count` square images of `size` pixels with captions, in memory: the demo base's pretraining data.
+std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, ShapeColours colours);
 
 struct DemoItem {
   std::string stem;  // "shape_0000"

@@ -116,6 +116,11 @@ struct NetworkConfig {
   bool train_text_encoder = false;
 };
 
+// Trainable parameters of one module of `config`'s adapter type on a leaf with `out` x `in` channels and
+// a k x k kernel at `rank` (LoRA: rank (in k^2 + out); LoHa: twice that; LoKr: its two factors as
+// lokr_shape splits them). The planner counts adapters with it; a network's modules have exactly these.
+int64_t adapter_parameters(const NetworkConfig& config, int64_t out, int64_t in, int64_t k, int64_t rank);
+
 // Which weights a module's file key set describes: name -> (rank, alpha); built from a LoRA file
 // so that a network can be created with exactly the file's modules and dims.
 struct ModuleDims {
@@ -123,6 +128,7 @@ struct ModuleDims {
   double alpha = 0.0;
   AdapterType type = AdapterType::LoRA;
   LoKrShape lokr;  // LoKr only
+  bool tucker = false;  // LyCORIS' Tucker (CP) form of a k x k conv: lokr_t2 / hada_t1, hada_t2
 };
 
 // What one adapter module is: its kind, rank, alpha and (LoKr) factor split.
@@ -132,6 +138,10 @@ struct AdapterOptions {
   double alpha = 0.0;  // 0 = rank
   double dropout = 0.0;
   LoKrShape lokr;      // LoKr only; rank is then the decomposed factors' rank (0: none is)
+  // LyCORIS' Tucker form (use_tucker / use_cp) of a k x k conv, as other trainers write it: LoKr's
+  // w2 = einsum(lokr_t2 [r, r, k, k], lokr_w2_a [r, out], lokr_w2_b [r, in]); LoHa's two products
+  // likewise from hada_t1/hada_t2 with hada_w*_a [r, out], hada_w*_b [r, in]. Loaded, not trained.
+  bool tucker = false;
 };
 
 // Mirrors kohya LoRAModule; implements the leaf's Adapter hook.
@@ -158,7 +168,7 @@ class LoRAModuleImpl : public torch::nn::Module, public lt::models::Adapter {
 
   // The module's weights under their kohya/LyCORIS key suffixes, in file order:
   // lora_down.weight, lora_up.weight | lokr_w1 (or lokr_w1_a, lokr_w1_b), lokr_w2 (or _a, _b) |
-  // hada_w1_a, hada_w1_b, hada_w2_a, hada_w2_b.
+  // hada_w1_a, hada_w1_b, hada_w2_a, hada_w2_b (and the Tucker cores lokr_t2 | hada_t1, hada_t2).
   std::vector<std::pair<std::string, at::Tensor>> file_parts() const;
   AdapterType type() const { return type_; }
   const LoKrShape& lokr_shape() const { return lokr_; }
@@ -191,8 +201,11 @@ class LoRAModuleImpl : public torch::nn::Module, public lt::models::Adapter {
   void create_product_weights(int64_t out, int64_t in, int64_t k, const at::Tensor& leaf_weight);
   at::Tensor product_weight() const;  // the LoKr/LoHa delta before scaling, leaf-shaped, with grad
   at::Tensor lokr_delta(const at::Tensor& x);  // LoKr's delta(x) in factored form
+  at::Tensor product_part(const std::string& key) const;  // undefined when the module has none
+  at::Tensor lokr_w2_kernel() const;  // LoKr's w2 of a conv, [out_k, in_n, k, k]
   AdapterType type_ = AdapterType::LoRA;
   LoKrShape lokr_;
+  bool tucker_ = false;
   std::vector<std::pair<std::string, at::Tensor>> product_parts_;  // LoKr/LoHa weights, file order
   bool is_conv_ = false;
   int64_t stride_ = 1;

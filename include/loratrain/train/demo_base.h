@@ -10,6 +10,20 @@ namespace lt::train {
 
 enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell };
 
+// Pretraining of the tiny SD1 base on generated shapes (lt-make-demo-base --pretrain), so that its
+// images show shapes and colours instead of noise: first the VAE as an autoencoder of shapes in random
+// colours, then the UNet on the diffusion loss over captioned shapes in the caption palette (never the
+// demo's concept colour, data::kDemoConceptColour), conditioned by the seeded random CLIP text encoder,
+// which is not trained (its features already tell the words apart).
+struct DemoPretrainOptions {
+  bool enabled = false;
+  int images = 512;      // captioned 64x64 shape images (the autoencoder gets as many of its own)
+  int vae_steps = 200;   // batches of vae_batch
+  int vae_batch = 8;
+  int unet_steps = 500;  // batches of unet_batch
+  int unet_batch = 16;
+};
+
 struct DemoBaseOptions {
   DemoArch arch = DemoArch::kSD1;
   uint64_t seed = 1234;
@@ -20,6 +34,7 @@ struct DemoBaseOptions {
   // text_encoder_2/, tokenizer_2/, scheduler/) instead of a single file.
   bool diffusers = false;
   at::ScalarType dtype = at::kFloat;  // of the written weights (fp32, fp16 or bf16)
+  DemoPretrainOptions pretrain;       // tiny SD1 single file only
 };
 
 // Single file (default): OUT/model.safetensors with the original key names a downloaded

@@ -1,4 +1,4 @@
-// lt-make-demo-data OUT_DIR [--count N] [--size S] [--seed K]
+// lt-make-demo-data OUT_DIR [--count N] [--size S] [--seed K] [--concept-every N] [--concept-word W]
 // Writes the embedded demo's dataset (see loratrain/data/demo_data.h).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -15,6 +15,12 @@ int main(int argc, char** argv) {
   app.add_option("--size", o.size, "base image size in pixels (squares of size..1.5*size, some size x 2*size)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--concept-every", o.concept_every,
+                 "make every N-th image a concept image: a cyan shape (a colour the pretrained demo base never saw) "
+                 "captioned with the concept word in the colour's place (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--concept-word", o.concept_word, "the concept images' word (the demo's trigger word)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     auto items = lt::data::make_demo_dataset(out_dir, o);

@@ -1,6 +1,7 @@
-// lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell] [--diffusers] [--seed N] [--full-size] [--dtype D]:
-// writes the embedded demo's tiny base model (random weights) and its vocabulary; see
-// train/demo_base.h.
+// lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell] [--diffusers] [--seed N] [--full-size] [--dtype D]
+//                   [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N]]:
+// writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
+// shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -23,6 +24,15 @@ int main(int argc, char** argv) {
   app.add_flag("--full-size", options.full_size,
                "the real shapes (SD1.5: about 4 GiB in fp32; SDXL base: about 14 GiB in fp32, 7 in fp16/bf16) "
                "instead of the tiny demo model");
+  auto& pre = options.pretrain;
+  app.add_flag("--pretrain", pre.enabled,
+               "train the tiny SD1 base on generated shapes (VAE, then UNet and text encoder; a few minutes on 2 cores) "
+               "so that its images show shapes instead of noise");
+  app.add_option("--pretrain-images", pre.images, "captioned shape images to pretrain on")->capture_default_str();
+  app.add_option("--vae-steps", pre.vae_steps, "autoencoder steps (batches of " + std::to_string(pre.vae_batch) + ")")
+      ->capture_default_str();
+  app.add_option("--unet-steps", pre.unet_steps, "UNet and text encoder steps (batches of " + std::to_string(pre.unet_batch) + ")")
+      ->capture_default_str();
   app.add_option("--dtype", dtype, "dtype of the written weights")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
       ->capture_default_str();

@@ -1,0 +1,180 @@
+// Pretraining of the tiny SD1 demo base on generated shapes. Small enough to run in a few minutes on
+// two CPU cores: 64x64 images, 8x8 latents. The autoencoder learns shapes in random colours (so it can
+// draw colours the diffusion model never saw), the UNet learns "a red circle on a blue background"
+// from captioned shapes in the caption palette (reading the features of the text encoder as it was
+// initialised), with a tenth of captions blank so that classifier-free guidance has an unconditional
+// branch to push against.
+#include "demo_pretrain.h"
+
+#include <torch/torch.h>
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "loratrain/data/demo_data.h"
+#include "loratrain/data/rng.h"
+#include "loratrain/io/image.h"
+#include "loratrain/sample/scheduler.h"
+
+namespace lt::train {
+
+namespace {
+
+constexpr int kImageSize = 64;
+
+at::Tensor stack_images(const std::vector<data::ShapeImage>& items) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(items.size());
+  for (const auto& item : items) tensors.push_back(io::image_to_tensor(item.image));
+  return torch::stack(tensors);
+}
+
+// Linear warm-up over the first 5% of steps, then cosine decay to a tenth.
+double learning_rate(double peak, int step, int steps) {
+  const int warmup = std::max(1, steps / 20);
+  if (step < warmup) return peak * (step + 1) / warmup;
+  const double progress = static_cast<double>(step - warmup) / std::max(1, steps - warmup);
+  return peak * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
+}
+
+void set_lr(torch::optim::Adam& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamOptions&>(group.options()).lr(lr);
+}
+
+at::Tensor batch_indices(data::Rng& rng, int64_t count, int batch) {
+  std::vector<int64_t> idx(static_cast<size_t>(batch));
+  for (auto& i : idx) i = static_cast<int64_t>(rng.below(static_cast<uint64_t>(count)));
+  return torch::tensor(idx, torch::kLong);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions& o, uint64_t seed) {
+  const at::Tensor images = stack_images(data::make_shape_images(o.images, kImageSize, seed + 1, data::ShapeColours::random));
+  data::Rng rng(data::mix_seed({seed, 0x564145ull}));
+  vae->train();
+  torch::optim::Adam optimizer(vae->parameters(), torch::optim::AdamOptions(1e-3));
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < o.vae_steps; ++step) {
+    set_lr(optimizer, learning_rate(1e-3, step, o.vae_steps));
+    const at::Tensor x = images.index_select(0, batch_indices(rng, images.size(0), o.vae_batch));
+    // A deterministic autoencoder: the posterior's mean is decoded (its variance is pinned below).
+    const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    if (step % 50 == 0 || step + 1 == o.vae_steps) {
+      spdlog::info("pretrain vae: step {}/{} loss {:.4f} ({:.0f} s)", step + 1, o.vae_steps, loss.item<double>(),
+                   seconds_since(start));
+    }
+  }
+  vae->eval();
+  // The posterior's log-variance: e^-20, so that a latent sampled from it (as the trainer's latent
+  // cache may do) is its mean.
+  torch::NoGradGuard no_grad;
+  const int64_t c = vae->config.latent_channels;
+  vae->quant_conv->weight.narrow(0, c, c).zero_();
+  vae->quant_conv->bias.narrow(0, c, c).fill_(-20.0);
+}
+
+// Folds a per-channel affine map into quant_conv (and its inverse into post_quant_conv) so that the
+// latents' means times the scaling factor have zero mean and unit variance on `images`; decode(encode(x))
+// is unchanged.
+void normalize_latents(models::sd::AutoencoderKL& vae, const at::Tensor& images) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor mean = vae->encode(images).mean;                     // [N, C, h, w]
+  const at::Tensor mu = mean.mean({0, 2, 3});                            // [C]
+  const at::Tensor sigma = mean.std(std::vector<int64_t>{0, 2, 3}, true);  // [C]
+  const at::Tensor a = 1.0 / (sigma * vae->config.scaling_factor);       // z' = a (z - mu)
+  const int64_t c = mu.size(0);
+  auto& q = vae->quant_conv;
+  auto& post = vae->post_quant_conv;
+  // quant_conv's first C outputs are the mean, the next C the log-variance (var scales by a^2).
+  q->weight.narrow(0, 0, c).mul_(a.view({c, 1, 1, 1}));
+  q->bias.narrow(0, 0, c).sub_(mu).mul_(a);
+  q->bias.narrow(0, c, c).add_(2.0 * a.log());  // the (tiny) variance scales with the mean
+  // post_quant_conv(z) = W z + b with z = z' / a + mu.
+  post->bias.add_(torch::matmul(post->weight.flatten(1), mu));
+  post->weight.div_(a.view({1, c, 1, 1}));
+}
+
+void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::AutoencoderKL& vae,
+                     models::CLIPTextModel& text_encoder, const models::CLIPTokenizer& tokenizer,
+                     const DemoPretrainOptions& o, uint64_t seed) {
+  auto items = data::make_shape_images(o.images, kImageSize, seed + 2, data::ShapeColours::palette);
+  const at::Tensor images = stack_images(items);
+  normalize_latents(vae, images);
+  at::Tensor latents;
+  {
+    torch::NoGradGuard no_grad;
+    latents = vae->scale_latents(vae->encode(images).mean);
+  }
+  spdlog::info("pretrain: latents mean {:.3f} std {:.3f}", latents.mean().item<double>(), latents.std().item<double>());
+  // Every caption and the blank prompt, tokenized once.
+  std::vector<std::string> captions;
+  for (const auto& item : items) captions.push_back(item.caption);
+  captions.emplace_back("");
+  std::vector<int64_t> ids;
+  const auto encodings = tokenizer.encode_batch(captions);
+  for (const auto& e : encodings) ids.insert(ids.end(), e.input_ids.begin(), e.input_ids.end());
+  const at::Tensor tokens = torch::tensor(ids, torch::kLong).view({static_cast<int64_t>(captions.size()), -1});
+  const int64_t blank = static_cast<int64_t>(items.size());
+  // The text encoder stays as initialised: a random CLIP already gives every word (and its place in
+  // the caption) features of its own, and the UNet learns to read them. Its outputs are computed once,
+  // which keeps pretraining within a few minutes of two cores.
+  at::Tensor contexts;
+  {
+    torch::NoGradGuard no_grad;
+    text_encoder->eval();
+    contexts = text_encoder->forward(tokens).last_hidden_state;
+  }
+
+  const sample::DDPMScheduler schedule(sample::DDPMSchedulerConfig::from_json(sample::default_scheduler_config("sd15")));
+  const at::Tensor alphas_cumprod = schedule.alphas_cumprod().to(at::kFloat);
+  const int64_t timesteps = alphas_cumprod.size(0);
+
+  torch::optim::Adam optimizer(unet->parameters(), torch::optim::AdamOptions(1e-3));
+  unet->train();
+  data::Rng rng(data::mix_seed({seed, 0x554e4554ull}));
+  const auto start = std::chrono::steady_clock::now();
+  double running = 0.0;
+  for (int step = 0; step < o.unet_steps; ++step) {
+    set_lr(optimizer, learning_rate(1e-3, step, o.unet_steps));
+    at::Tensor idx = batch_indices(rng, latents.size(0), o.unet_batch);
+    at::Tensor caption_idx = idx.clone();
+    for (int64_t i = 0; i < caption_idx.size(0); ++i) {
+      if (rng.below(10) == 0) caption_idx[i] = blank;
+    }
+    const at::Tensor x0 = latents.index_select(0, idx);
+    const at::Tensor noise = torch::randn_like(x0);
+    const at::Tensor t = torch::randint(0, timesteps, {x0.size(0)}, torch::kLong);
+    const at::Tensor acp = alphas_cumprod.index_select(0, t).view({-1, 1, 1, 1});
+    const at::Tensor noisy = acp.sqrt() * x0 + (1.0 - acp).sqrt() * noise;
+    const at::Tensor context = contexts.index_select(0, caption_idx);
+    const at::Tensor loss = torch::mse_loss(unet->forward(noisy, t, context), noise);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    running = step == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
+    if (step % 100 == 0 || step + 1 == o.unet_steps) {
+      spdlog::info("pretrain unet: step {}/{} loss {:.4f} ({:.0f} s)", step + 1, o.unet_steps, running,
+                   seconds_since(start));
+    }
+  }
+  unet->eval();
+}
+
+}  // namespace
+
+void pretrain_sd_demo(models::sd::UNet2DConditionModel& unet, models::sd::AutoencoderKL& vae,
+                      models::CLIPTextModel& text_encoder, const models::CLIPTokenizer& tokenizer,
+                      const DemoPretrainOptions& options, uint64_t seed) {
+  train_autoencoder(vae, options, seed);
+  train_diffusion(unet, vae, text_encoder, tokenizer, options, seed);
+}
+
+}  // namespace lt::train
