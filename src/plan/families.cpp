@@ -16,10 +16,10 @@ std::unique_ptr<Architecture> make_architecture(const ModelSource& source) {
     case playbook::ModelFamily::kFlux:
       return make_flux_architecture(source);
     case playbook::ModelFamily::kWan:
-      // Wan's models load and run (src/models/wan), but `run` does not train them yet; its memory
-      // model (frames x tokens, the causal VAE's frame cache) comes with the training family.
-      throw InputError("plan: Wan training is not available in lora-train yet, so there is nothing to plan (sd1, sd2, "
-                       "sdxl and flux are planned)");
+      // `run` trains Wan, but the planner has no memory model of it yet (frames x tokens, the causal
+      // VAE's frame cache): refused rather than guessed. The guard still protects a Wan run.
+      throw InputError("plan: lora-train has no memory model for Wan 2.1 yet, so it cannot plan this run (sd1, sd2, "
+                       "sdxl and flux are planned; `run` trains Wan under the OOM guard)");
     default:
       break;
   }

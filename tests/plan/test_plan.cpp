@@ -277,5 +277,5 @@ CATCH_TEST_CASE("Flux's levers move the phases they act on", "[plan][flux]") {
 
 CATCH_TEST_CASE("a family without a memory model is one clear error", "[plan]") {
   // Wan's models load, but `run` does not train them yet.
-  CATCH_CHECK_THROWS_WITH(Planner::from_config(aitk("ui_wan21_1b.yaml")), Catch::Contains("Wan training is not available"));
+  CATCH_CHECK_THROWS_WITH(Planner::from_config(aitk("ui_wan21_1b.yaml")), Catch::Contains("no memory model for Wan 2.1 yet"));
 }
