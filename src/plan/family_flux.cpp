@@ -61,6 +61,8 @@ class FluxArchitecture final : public Architecture {
   int64_t vae_decode(const Shape& s, const Compute& c) const override { return autoencoder_kl_decode(vae_, s, c); }
   int64_t text_encode(int64_t batch, const Compute& c) const override;
   int64_t text_embedding_elements() const override { return text_tokens() * config_.joint_attention_dim + text_.clip_width; }
+  // family_flux.cpp (train) keeps fp8 codes from the start under qfloat8.
+  bool quantizes_fp8_while_loading() const override { return true; }
 
  private:
   // T5's sequence: every max_length position, pads included (512 dev, 256 schnell).

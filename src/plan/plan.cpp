@@ -260,7 +260,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   Prediction out;
   // load: each component is built in fp32 on the host, filled one tensor at a time from the file,
   // then converted to the compute dtype on the device (the VAE stays fp32); the adapter comes
-  // last, and int8 quantization only at the end of the phase. On the CPU the fp32 build is on the
+  // last, and quantization at the end of the phase (but see early_fp8). On the CPU the fp32 build is on the
   // device too. The peak is the worst of those moments.
   PhaseMemory& load = out.at(Phase::load);
   const int build = on_cpu_ ? 4 : wb;
@@ -269,15 +269,22 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   struct Moment {
     int64_t weights, workspace, adapter;
   };
-  const Moment moments[] = {
-      {params.denoiser * build, params.largest_denoiser_tensor * build, 0},
-      {denoiser_full + text_loaded * build, text_loaded ? params.largest_text_tensor * build : 0, 0},
-      {denoiser_full + text_loaded * wb + vae_loaded, vae_loaded ? params.largest_vae_tensor * 4 : 0, 0},
-      {denoiser_full + text_loaded * wb + vae_loaded, 0, adapter},
-      // quantization converts one weight at a time beside the full base: int8 through an fp32 copy;
-      // fp8 e4m3 codes also through the encoder's int64 neighbour codes and fp32 distances
-      {denoiser_full + text_loaded * wb + vae_loaded,
-       quantized ? params.largest_denoiser_tensor * (s.quantize == Quantize::fp8 ? 44 : 4) : 0, adapter},
+  // A family quantizing while it loads (fp8 codes) converts one weight at a time beside its fresh
+  // build, and the encoders then load beside the codes; otherwise quantization comes at the end.
+  const bool early_fp8 = s.quantize == Quantize::fp8 && arch_->quantizes_fp8_while_loading();
+  const int64_t base_loaded = early_fp8 ? denoiser_resident : denoiser_full;
+  // quantization converts one weight at a time beside the full base: int8 through an fp32 copy;
+  // fp8 e4m3 codes also through the encoder's int64 neighbour codes and fp32 distances
+  const int64_t quantizing = params.largest_denoiser_tensor * (s.quantize == Quantize::fp8 ? 44 : 4);
+  // (on a GPU the early codes are made on the host: the device never holds the widened denoiser)
+  const bool build_on_device = on_cpu_ || !early_fp8;
+  const std::vector<Moment> moments = {
+      {build_on_device ? params.denoiser * build : 0, build_on_device ? params.largest_denoiser_tensor * build : 0, 0},
+      {build_on_device ? params.denoiser * build : 0, build_on_device && early_fp8 ? quantizing : 0, 0},
+      {base_loaded + text_loaded * build, text_loaded ? params.largest_text_tensor * build : 0, 0},
+      {base_loaded + text_loaded * wb + vae_loaded, vae_loaded ? params.largest_vae_tensor * 4 : 0, 0},
+      {base_loaded + text_loaded * wb + vae_loaded, 0, adapter},
+      {base_loaded + text_loaded * wb + vae_loaded, quantized && !early_fp8 ? quantizing : 0, adapter},
   };
   for (const Moment& m : moments) {
     if (m.weights + m.workspace + m.adapter > load.peak()) {

@@ -210,12 +210,14 @@ CATCH_TEST_CASE("AI Toolkit's Flux examples are planned per phase in under 2 s, 
       CATCH_CHECK(prediction.phases[i].peak() > 0);
     }
   }
-  // The 24 GB example: bf16 transformer (FLUX.1-dev's 11.9 B parameters), T5-XXL and CLIP-L in bf16
-  // while loading, the VAE in fp32; then everything in 8 bits (quantize, quantize_te default to it).
+  // The 24 GB example: the transformer (FLUX.1-dev's 11.9 B parameters) becomes fp8 codes on the host
+  // before it is placed (its few non-Linear weights stay bf16), T5-XXL and CLIP-L in bf16 while loading,
+  // the VAE in fp32; then everything in 8 bits (quantize, quantize_te default to it).
   const auto dev = Planner::from_config(aitk("example_flux_24gb.yaml"));
   const auto p = dev->predict(dev->configured());
   constexpr int64_t kTransformer = 11'901'408'320, kText = 4'762'310'656 + 123'060'480, kVae = 83'819'683;
-  CATCH_CHECK(p.at(Phase::load).weights == 2 * (kTransformer + kText) + 4 * kVae);
+  CATCH_CHECK(p.at(Phase::load).weights > kTransformer + 2 * kText + 4 * kVae);
+  CATCH_CHECK(p.at(Phase::load).weights < kTransformer + kTransformer / 50 + 2 * kText + 4 * kVae);
   CATCH_CHECK(p.at(Phase::train_step).weights < kTransformer + kText + 4 * kVae + (int64_t(1) << 30));
   // Under AI Toolkit's 24 GB: the step with checkpointing at the 1024 bucket (4096 image + 512 text tokens).
   CATCH_CHECK(peak(p, Phase::train_step) < (int64_t(24) << 30));
