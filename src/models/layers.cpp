@@ -176,4 +176,14 @@ int64_t quantize_linear_layers(torch::nn::Module& root, WeightQuantization forma
   return released;
 }
 
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
+  return (normed * weight.to(at::kFloat)).to(x.scalar_type());
+}
+
 }  // namespace lt::models

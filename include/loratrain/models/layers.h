@@ -90,4 +90,15 @@ const torch::Tensor& fp8_e4m3_table();
 // x (float) -> the nearest e4m3fn codes (uint8), saturating at +-448.
 torch::Tensor fp8_e4m3_encode(const torch::Tensor& x);
 
+// Mirrors diffusers' RMSNorm(dim, eps, elementwise_affine=True) (torch.nn.RMSNorm): x * rsqrt(mean(x²) + eps)
+// * weight, computed in fp32. Flux's and Wan's q/k norms.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  double eps;
+  at::Tensor weight;
+};
+TORCH_MODULE(RMSNorm);
+
 }  // namespace lt::models

@@ -99,16 +99,6 @@ void FluxConfig::validate(const std::string& source) const {
 // ---------------------------------------------------------------------------------------------
 // Layers
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", torch::ones({dim}));
-}
-
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return (normed * weight.to(at::kFloat)).to(x.scalar_type());
-}
-
 FluxAttentionImpl::FluxAttentionImpl(const FluxConfig& config, bool context)
     : heads(config.num_attention_heads), head_dim(config.attention_head_dim) {
   const int64_t dim = config.inner_dim();

@@ -123,16 +123,6 @@ at::Tensor PatchConv3dImpl::forward(const at::Tensor& x) {
   return at::conv3d(x.to(weight.scalar_type()), weight, bias, kernel);
 }
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", torch::ones({dim}));
-}
-
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
-  return (normed * weight.to(at::kFloat)).to(x.scalar_type());
-}
-
 FP32LayerNormImpl::FP32LayerNormImpl(int64_t dim_, double eps_, bool affine) : dim(dim_), eps(eps_) {
   if (affine) {
     weight = register_parameter("weight", torch::ones({dim}));

@@ -53,16 +53,6 @@ struct FluxConfig {
   void validate(const std::string& source) const;
 };
 
-// Mirrors torch.nn.RMSNorm as Flux's q/k norms use it: x * rsqrt(mean(x²) + eps) * weight, in fp32.
-class RMSNormImpl : public torch::nn::Module {
- public:
-  RMSNormImpl(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x);
-  double eps;
-  at::Tensor weight;
-};
-TORCH_MODULE(RMSNorm);
-
 // Mirrors diffusers `FluxAttention`: to_q/k/v with per-head RMSNorm; with `context` (double
 // blocks) add_q/k/v_proj, norm_added_q/k, to_out.0 and to_add_out; without (single blocks,
 // pre_only) no output projection.

@@ -69,16 +69,6 @@ class PatchConv3dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(PatchConv3d);
 
-// Mirrors diffusers RMSNorm(dim, eps, elementwise_affine=True): x * rsqrt(mean(x²) + eps) * weight in fp32.
-class RMSNormImpl : public torch::nn::Module {
- public:
-  RMSNormImpl(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x);
-  double eps;
-  at::Tensor weight;
-};
-TORCH_MODULE(RMSNorm);
-
 // Mirrors diffusers FP32LayerNorm: layer norm computed in fp32, with or without weight and bias.
 class FP32LayerNormImpl : public torch::nn::Module {
  public:
