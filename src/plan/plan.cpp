@@ -230,6 +230,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   c.vae_tiling = s.vae_tiling;
   c.threads = std::max(1u, std::thread::hardware_concurrency());
   c.adapter_rank = adapter_.linear_rank;
+  c.on_cpu = on_cpu_;
 
   const bool quantized = s.quantize != Quantize::none;
   const int64_t denoiser_full = params.denoiser * wb;
