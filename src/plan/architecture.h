@@ -52,6 +52,7 @@ struct Compute {
   bool vae_tiling = false;
   int threads = 1;              // attention chunks run one head per thread, each with its own block
   int adapter_rank = 4;         // LoRA's rank-wide intermediates
+  bool host = false;            // computing on the CPU: LibTorch's CPU kernels' own buffers count
 };
 
 class Architecture {
@@ -93,5 +94,6 @@ std::unique_ptr<Architecture> make_architecture(const ModelSource& source);
 // families.cpp dispatches to one of these.
 std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source);
 std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source);
+std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source);
 
 }  // namespace lt::plan
