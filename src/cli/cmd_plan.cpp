@@ -94,13 +94,13 @@ int plan_command(const std::string& config_path, const std::vector<std::string>&
       std::cout << fmt::format("no VRAM budget known ({}): pass --vram to check the fit\n", budget.source);
     }
     if (fitted) {
-      for (const auto& c : fitted->skipped) {
-        std::cout << fmt::format("  skipped ({} predicted {} either way): {}\n", playbook::to_string(c.phase),
-                                 format_bytes(c.peak_before), c.description);
-      }
       for (const auto& c : fitted->changes) {
         std::cout << fmt::format("  change ({} predicted {} -> {}): {}\n", playbook::to_string(c.phase),
                                  format_bytes(c.peak_before), format_bytes(c.peak_after), c.description);
+      }
+      for (const auto& c : fitted->skipped) {
+        std::cout << fmt::format("  skipped ({} predicted {} either way): {}\n", playbook::to_string(c.phase),
+                                 format_bytes(c.peak_before), c.description);
       }
       if (fitted->fits) {
         std::cout << fmt::format("fits after {} change(s), predicted peak {}: written to {}\n", fitted->changes.size(),

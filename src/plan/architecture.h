@@ -22,6 +22,9 @@ struct Parameters {
   int64_t largest_denoiser_tensor = 0;
   int64_t largest_text_tensor = 0;
   int64_t largest_vae_tensor = 0;
+  // The text encoders' largest Linear weight: what quantize_te converts one at a time (their
+  // largest tensor, a token embedding, stays as it is). 0: largest_text_tensor stands in.
+  int64_t largest_text_linear = 0;
   int64_t adapter = 0;          // LoRA down + up (+ alpha) over every targeted module
   int64_t adapter_modules = 0;
 };

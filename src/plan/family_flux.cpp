@@ -368,6 +368,7 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
     p.vae = kVaeParameters;
     p.largest_vae_tensor = kVaeLargestTensor;
   }
+  p.largest_text_linear = std::max(text.t5.ff * text.t5.width, 4 * text.clip_width * text.clip_width);
   return std::make_unique<FluxArchitecture>(std::move(config), std::move(vae), p, text);
 }
 

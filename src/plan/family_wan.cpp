@@ -390,6 +390,7 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
   }
   if (p.text_encoders == 0) umt5_from_shape(text, 24, p);
   if (p.vae == 0) vae_from_config(vae, p);
+  p.largest_text_linear = text.ff * text.width;  // a gated MLP projection
   return std::make_unique<WanArchitecture>(std::move(config), std::move(vae), p, text);
 }
 

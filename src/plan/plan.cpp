@@ -294,7 +294,9 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   const bool text_quantized_in_load = quantized && quantize_text_encoder_;
   if (text_quantized_in_load) {
     moments.push_back({denoiser_resident + params.text_encoders * wb + vae_loaded,
-                       params.largest_text_tensor * (s.quantize == Quantize::fp8 ? 44 : 4), adapter});
+                       (params.largest_text_linear > 0 ? params.largest_text_linear : params.largest_text_tensor) *
+                           (s.quantize == Quantize::fp8 ? 44 : 4),
+                       adapter});
   }
   for (const Moment& m : moments) {
     if (m.weights + m.workspace + m.adapter > load.peak()) {

@@ -335,7 +335,7 @@ CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples are planned per phase in under 2 
     const auto prediction = planner->predict(planner->configured());
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     CATCH_CHECK(seconds < 2.0);
-    CATCH_CHECK(planner->family() == "wan21");
+    CATCH_CHECK(planner->family() == "wan");
     CATCH_CHECK(planner->shapes_source().find("standard shapes") != std::string::npos);
     for (size_t i = 0; i < lt::plan::kPhases; ++i) {
       CATCH_INFO(lt::playbook::to_string(static_cast<Phase>(i)));
@@ -348,9 +348,11 @@ CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples are planned per phase in under 2 
   const auto small = Planner::from_config(aitk("example_wan21_1b_24gb.yaml"));
   const auto big = Planner::from_config(aitk("example_wan21_14b_24gb.yaml"));
   CATCH_CHECK(small->describe().find("1419M denoiser + 5681M text + 127M VAE") != std::string::npos);
-  CATCH_CHECK(big->describe().find("14289M denoiser") != std::string::npos);
+  CATCH_CHECK(big->describe().find("14288M denoiser") != std::string::npos);
   const auto s = small->predict(small->configured()), b = big->predict(big->configured());
-  CATCH_CHECK(b.at(Phase::train_step).weights > s.at(Phase::train_step).weights);
+  // Wan's loader places the bf16 transformer before model.quantize converts it (Flux quantizes on
+  // the host first): the 14B example's load holds all 14.3 B parameters in 16 bits.
+  CATCH_CHECK(b.at(Phase::load).weights >= 2 * 14'288'491'584LL);
   // The 14B example's unload_text_encoder and low_vram: umT5 and the VAE leave after the cache
   // phase, so the step holds the quantized transformer alone; the 1.3B keeps all three.
   CATCH_CHECK(b.at(Phase::train_step).weights < b.at(Phase::cache).weights);
