@@ -406,4 +406,27 @@ CATCH_TEST_CASE("Wan's levers move the phases they act on; frames make the clip'
   }
   CATCH_CHECK(frames_reduced);
   CATCH_CHECK((fitted.settings.num_frames - 1) % 4 == 0);
+
+  // Wan's VAE does not tile: at 14 GiB the previews' ladder offers memory.vae_tiling, the planner
+  // predicts the same peak with it and skips it (the guard's ladder itself still offers it).
+  const auto example = Planner::from_config(aitk("example_wan21_1b_24gb.yaml"));
+  const auto tight = lt::plan::fit(*example, example->configured(), int64_t(14) << 30);
+  CATCH_CHECK(tight.fits);
+  CATCH_REQUIRE_FALSE(tight.skipped.empty());
+  CATCH_CHECK(tight.skipped[0].kind == "tile_vae");
+  CATCH_CHECK(tight.skipped[0].peak_after == tight.skipped[0].peak_before);
+  for (const auto& c : tight.changes) {
+    CATCH_CHECK(c.kind != "tile_vae");
+    CATCH_CHECK(c.peak_after <= c.peak_before);
+  }
+  CATCH_CHECK_FALSE(tight.settings.vae_tiling);
+  lt::memory::FailureContext ctx;
+  ctx.phase = Phase::sample;
+  ctx.settings = example->configured();
+  ctx.settings.attention_chunk = lt::memory::kGuardAttentionChunk;
+  ctx.where = {1, ctx.settings.sample_width, ctx.settings.sample_height, 1, 1, 632};
+  ctx.steps_completed = 1;
+  lt::memory::LadderHistory history;
+  history.initial = example->configured();
+  CATCH_CHECK(lt::memory::next_action(ctx, lt::memory::classify(ctx), history).kind == lt::memory::ActionKind::tile_vae);
 }
