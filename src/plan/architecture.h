@@ -20,6 +20,9 @@ struct Parameters {
   int64_t vae = 0;
   // The largest tensor of each component: the loader copies one tensor at a time out of the file.
   int64_t largest_denoiser_tensor = 0;
+  // The denoiser's largest Linear weight: what model.quantize converts one at a time (a UNet's
+  // largest tensor is a convolution, which stays as it is). 0: largest_denoiser_tensor stands in.
+  int64_t largest_denoiser_linear = 0;
   int64_t largest_text_tensor = 0;
   int64_t largest_vae_tensor = 0;
   // The text encoders' largest Linear weight: what quantize_te converts one at a time (their

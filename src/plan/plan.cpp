@@ -275,9 +275,13 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   // build, and the encoders then load beside the codes; otherwise quantization comes at the end.
   const bool early_fp8 = s.quantize == Quantize::fp8 && arch_->quantizes_fp8_while_loading();
   const int64_t base_loaded = early_fp8 ? denoiser_resident : denoiser_full;
-  // quantization converts one weight at a time beside the full base: int8 through an fp32 copy;
-  // fp8 e4m3 codes also through the encoder's int64 neighbour codes and fp32 distances
-  const int64_t quantizing = params.largest_denoiser_tensor * (s.quantize == Quantize::fp8 ? 44 : 4);
+  // quantization converts one weight at a time beside the full base. int8 (LinearImpl::quantize_int8):
+  // the fp32 copy of a 16-bit weight, then w / scale, its rounding and clamping (one expression:
+  // all alive until its end) and the int8 codes; fp8 e4m3 codes also through the encoder's int64
+  // neighbour codes and fp32 distances.
+  const int quantize_bytes = s.quantize == Quantize::fp8 ? 44 : 13 + (wb < 4 ? 4 : 0);
+  const int64_t quantizing =
+      (params.largest_denoiser_linear > 0 ? params.largest_denoiser_linear : params.largest_denoiser_tensor) * quantize_bytes;
   // (on a GPU the early codes are made on the host: the device never holds the widened denoiser)
   const bool build_on_device = on_cpu_ || !early_fp8;
   std::vector<Moment> moments = {
@@ -295,7 +299,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   if (text_quantized_in_load) {
     moments.push_back({denoiser_resident + params.text_encoders * wb + vae_loaded,
                        (params.largest_text_linear > 0 ? params.largest_text_linear : params.largest_text_tensor) *
-                           (s.quantize == Quantize::fp8 ? 44 : 4),
+                           quantize_bytes,
                        adapter});
   }
   for (const Moment& m : moments) {
