@@ -153,6 +153,8 @@ CATCH_TEST_CASE("predicted Wan 2.1 peaks are within 15% of the measured ones on 
       {"wan_int8_base", {video, frames9, "model.quantize=true", "model.qtype=qint8"}},
       {"wan_unload_te", {video, frames9, "train.unload_text_encoder=true"}},
       {"wan_low_vram", {video, frames9, "model.low_vram=true"}},
+      // quantize_te (on with quantize) brings the deferred umT5 to the device at the end of load
+      {"wan_low_vram_int8", {video, frames9, "model.low_vram=true", "model.quantize=true", "model.qtype=qint8"}},
   };
   const std::string previews =
       "      sample:\n        sample_every: 10\n        width: 64\n        height: 64\n        num_frames: 5\n"
