@@ -195,26 +195,28 @@ int64_t WanArchitecture::vae_frame_cache(const Shape& s, bool decoder, int64_t k
   return s.batch * kept * elements * 4;
 }
 
-// The clip read in, the busiest chunk (the first frame alone, then 4 frames at a time) with every
-// convolution's kept frames, and the latent moments.
+// The clip read in, the busiest chunk (the first frame alone, then 4 frames at a time: on the CPU
+// the one-frame chunk can be the one that goes through vol2col) with every convolution's kept
+// frames, and the latent moments.
 int64_t WanArchitecture::vae_encode(const Shape& s, const Compute& c) const {
   const int64_t frames = std::max<int64_t>(1, s.frames);
-  const int64_t chunk = frames > 1 ? 4 : 1;
+  const int64_t channels = vae_.base_dim * vae_.dim_mult.front();
   const int64_t clip = s.batch * vae_.in_channels * frames * s.height * s.width * 4;
   const int64_t moments = s.batch * 2 * vae_.z_dim * latent_frames(s) * (s.height / 8) * (s.width / 8) * 4;
-  return clip + vae_chunk(vae_.base_dim * vae_.dim_mult.front(), chunk, s, c) +
-         vae_frame_cache(s, false, std::min<int64_t>(chunk, 2)) + 3 * moments;
+  int64_t chunk = vae_chunk(channels, 1, s, c) + vae_frame_cache(s, false, 1);
+  if (frames > 1) chunk = std::max(chunk, vae_chunk(channels, 4, s, c) + vae_frame_cache(s, false, 2));
+  return clip + chunk + 3 * moments;
 }
 
-// One latent frame at a time (4 output frames after the first): the last level's busiest
-// convolution with the kept frames beside the frames decoded so far; at the end the decoded
-// frames, their concatenation and its clamped copy.
+// One latent frame at a time (the first to 1 output frame, the others to 4): the last level's
+// busiest convolution with the kept frames beside the frames decoded so far; at the end the
+// decoded frames, their concatenation and its clamped copy.
 int64_t WanArchitecture::vae_decode(const Shape& s, const Compute& c) const {
   const int64_t frames = std::max<int64_t>(1, s.frames);
-  const int64_t chunk = frames > 1 ? 4 : 1;
+  const int64_t channels = vae_.decoder_dim() * vae_.dim_mult.front();
   const int64_t video = s.batch * vae_.out_channels * (1 + 4 * (latent_frames(s) - 1)) * s.height * s.width * 4;
-  const int64_t working = vae_chunk(vae_.decoder_dim() * vae_.dim_mult.front(), chunk, s, c) +
-                          vae_frame_cache(s, true, std::min<int64_t>(chunk, 2));
+  int64_t working = vae_chunk(channels, 1, s, c) + vae_frame_cache(s, true, 1);
+  if (frames > 1) working = std::max(working, vae_chunk(channels, 4, s, c) + vae_frame_cache(s, true, 2));
   return std::max(video + working, 3 * video);
 }
 
