@@ -98,12 +98,12 @@ std::vector<BlockCost> SDArchitecture::transformer(int64_t b, size_t level, int6
   const int64_t heads = unet_.attention_head_dim.at(level);
   const int64_t depth = unet_.transformer_layers_per_block.at(level);
   const int64_t n = b * hw * c;
-  const int64_t block = comp.query_block(hw);
-  const bool chunked = block > 0 && block < hw;
+  const int64_t block_rows = comp.query_block(hw);
+  const bool chunked = block_rows > 0 && block_rows < hw;
   const int64_t probs_self = b * heads * hw * hw;
   const int64_t probs_cross = b * heads * hw * kContextTokens;
   // A chunked attention holds one block of scores (and in backward its gradient) per thread.
-  const int64_t chunk_work = int64_t(std::max(1, comp.threads)) * block * hw * 2;
+  const int64_t chunk_work = int64_t(std::max(1, comp.threads)) * block_rows * hw * 2;
   const int64_t rank_wide = b * hw * comp.adapter_rank;
 
   std::vector<BlockCost> out;
@@ -347,11 +347,17 @@ void count_file(const io::SafetensorsFile& file, const models::Detection& d, Cou
     if (component == "unet") {
       out.params.largest_denoiser_tensor = std::max(out.params.largest_denoiser_tensor, n);
       out.params.denoiser += n;
-      if (t.shape.size() == 2 && ends_with(t.name, ".weight")) out.params.denoiser_linear += n;
+      if (t.shape.size() == 2 && ends_with(t.name, ".weight")) {
+        out.params.denoiser_linear += n;
+        out.params.largest_denoiser_linear = std::max(out.params.largest_denoiser_linear, n);
+      }
     } else if (starts_with(component, "text_encoder")) {
       out.params.text_encoders += n;
       out.params.largest_text_tensor = std::max(out.params.largest_text_tensor, n);
       if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) out.text_widths.push_back(t.shape[1]);
+      if (t.shape.size() == 2 && !ends_with(t.name, "embedding.weight")) {
+        out.params.largest_text_linear = std::max(out.params.largest_text_linear, n);
+      }
     } else if (component == "vae") {
       out.params.vae += n;
       out.params.largest_vae_tensor = std::max(out.params.largest_vae_tensor, n);
@@ -394,7 +400,9 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     // The largest tensors: the up path's first convolutions (1280 x 2560 x 3 x 3), the last text
     // encoder's token embedding (49408 tokens), the VAE decoder's 512 x 512 x 3 x 3 convolutions.
     counted.params.largest_denoiser_tensor = 1280 * 2560 * 9;
+    counted.params.largest_denoiser_linear = 1280 * 10240;  // the GEGLU projection of the widest blocks
     counted.params.largest_text_tensor = 49408 * counted.text_widths.back();
+    counted.params.largest_text_linear = 4 * counted.text_widths.back() * counted.text_widths.back();  // the MLP's fc1
     counted.params.largest_vae_tensor = 512 * 512 * 9;
     if (sd2) {
       unet.attention_head_dim = {5, 10, 20, 20};
