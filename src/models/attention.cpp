@@ -71,7 +71,9 @@ at::Tensor block_probs(const Head& h, int64_t start, int64_t len, const BlockSet
 // LibTorch 1.13 parallelises neither a batched matrix product over its batch nor OpenBLAS well
 // on these shapes (head_dim 40..160 is a thin inner dimension): heads are spread over LibTorch's
 // threads instead, each running single-threaded BLAS on its own head, with OpenBLAS's own pool
-// held at one thread meanwhile so the two pools never compete for the same cores.
+// held at one thread meanwhile so the two pools never compete for the same cores. (This file is
+// compiled with OpenMP for that: lt_enable_intra_op_threads in cmake/LtTorch.cmake; without it,
+// with a PyTorch wheel's own OpenMP runtime, the heads run one after the other.)
 class SingleThreadedBlas {
  public:
   SingleThreadedBlas() {
@@ -96,7 +98,9 @@ class SingleThreadedBlas {
 
 template <typename Fn>
 void for_each_head(int64_t n, const Fn& fn) {
+#ifdef _OPENMP
   SingleThreadedBlas blas;
+#endif
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     // Autograd's thread-local state does not follow into LibTorch's worker threads: without this
     // the block products would be recorded (and refuse their out= arguments) there.
