@@ -221,6 +221,7 @@ class Trainer {
   at::ScalarType dtype_ = at::kFloat;
   ModelLoadOptions model_options_;
   std::string base_note_;  // how model.name_or_path was resolved, when worth saying
+  std::vector<std::string> frame_notes_;  // frame counts read_config put on the video grid, for the log
 
   std::unique_ptr<memory::DeviceMemory> memory_;
   std::unique_ptr<memory::OomGuard> guard_;
@@ -280,6 +281,9 @@ RunResult Trainer::run() {
       while (auto next = guard_->attempt(Phase::cache, {}, [&] {
                if (is_main() == main_turn) build_caches();
              })) {
+        // The retry builds the cache again under the new settings (shorter clips, say); apply()
+        // must not re-encode it outside the guard.
+        if (is_main() == main_turn) latent_cache_.reset();
         apply(*next);
       }
     }
@@ -454,6 +458,7 @@ void Trainer::read_config() {
   // The checkpoint's family from its headers, before anything is written: a wrong or unsupported
   // checkpoint stops here.
   const ModelFamily family = identify_model(model_options_);
+  if (playbook::is_video(family)) frame_notes_ = playbook::put_frames_on_video_grid(*p_);
   settings_ = playbook::settings_from_config(*p_, playbook::is_video(family));
   run_dir_ = fs::path(p_->training_folder) / job_.name;
   base_note_ = base.note;
@@ -482,6 +487,7 @@ void Trainer::open_run_folder() {
     spdlog::info("data parallel: rank {} of {}; train.batch_size {} per rank, {} per step", dp_->rank(), dp_->size(),
                  p_->train.batch_size, p_->train.batch_size * dp_->size());
   }
+  for (const auto& note : frame_notes_) spdlog::warn("{}", note);
   if (is_main()) config::write_effective_yaml(job_, run_dir_ / "config.yaml");
   if (const std::string ignored = config::ignored_keys_summary(job_); !ignored.empty()) spdlog::info("{}", ignored);
   if (!base_note_.empty()) spdlog::info("model.name_or_path: {}", base_note_);
@@ -1339,6 +1345,7 @@ SampleResult Trainer::sample(const SampleRequest& request) {
     job_ = config::parse_config_text(text, "--model", request.overrides);
   }
   read_config();
+  for (const auto& note : frame_notes_) spdlog::warn("{}", note);
   settle_cpu_dtype();
   open_device_memory();
   torch::manual_seed(seed());
