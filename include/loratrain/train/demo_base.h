@@ -23,11 +23,12 @@ struct DemoPretrainOptions {
   bool enabled = false;
   int norm_groups = 1;   // GroupNorm groups of the VAE and the UNet
   int images = 512;      // captioned 64x64 shape images (the autoencoder gets as many of its own)
-  int vae_steps = 1000;  // batches of vae_batch
-  int vae_batch = 8;
+  int vae_steps = 1500;  // batches of vae_batch
+  int vae_batch = 16;
   // The autoencoder's training images (square, pixels; a multiple of 8): 32 costs a quarter of 64 per
-  // image, but decodes 64x64 images worse than it fits its own (docs/benchmarks.md).
-  int vae_image_size = 64;
+  // image and learned faster for the CPU time than 64 did, though it decodes 64x64 images worse than
+  // it fits its own (docs/benchmarks.md).
+  int vae_image_size = 32;
   int unet_steps = 500;  // batches of unet_batch
   int unet_batch = 16;
 };
