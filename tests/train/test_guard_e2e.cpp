@@ -210,8 +210,7 @@ CATCH_TEST_CASE("a step that fails twice is reported in its own bucket both time
   };
   const int steps = 6;
   lt::train::RunRequest clean;
-  clean.config_path = lt::test::write_tiny_config(root / "clean", "context", steps, "", kReactive + "        simulate_vram: 2GiB
-");
+  clean.config_path = lt::test::write_tiny_config(root / "clean", "context", steps, "", kReactive + "        simulate_vram: 2GiB\n");
   auto a = lt::train::run_training(clean);
   CATCH_REQUIRE(a.exit_code == 0);
   const auto buckets = metrics_buckets(root / "clean" / "context");
@@ -225,8 +224,7 @@ CATCH_TEST_CASE("a step that fails twice is reported in its own bucket both time
 
   // The same run with that step's first two attempts failing (two allocation failures in a row).
   lt::train::RunRequest faulty;
-  faulty.config_path = lt::test::write_tiny_config(root / "faulty", "context", steps, "", kReactive + "        simulate_vram: 2GiB
-");
+  faulty.config_path = lt::test::write_tiny_config(root / "faulty", "context", steps, "", kReactive + "        simulate_vram: 2GiB\n");
   faulty.on_step_start = [&](int64_t step, lt::memory::DeviceMemory& memory) {
     auto* cpu = dynamic_cast<lt::memory::CpuMemory*>(&memory);
     if (cpu != nullptr && step == failing) cpu->allocator().fail_next_allocations(2, 8192);
