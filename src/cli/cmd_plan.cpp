@@ -75,7 +75,12 @@ int plan_command(const std::string& config_path, const std::vector<std::string>&
         changes.push_back({{"action", c.kind}, {"description", c.description}, {"phase", playbook::to_string(c.phase)},
                            {"peak_before", c.peak_before}, {"peak_after", c.peak_after}});
       }
-      j["fit"] = {{"fits", fitted->fits}, {"changes", changes}, {"prediction", plan::to_json(fitted->prediction, budget.bytes)}};
+      nlohmann::json skipped = nlohmann::json::array();
+      for (const auto& c : fitted->skipped) {
+        skipped.push_back({{"action", c.kind}, {"description", c.description}, {"phase", playbook::to_string(c.phase)},
+                           {"peak_bytes", c.peak_before}});
+      }
+      j["fit"] = {{"fits", fitted->fits}, {"changes", changes}, {"skipped", skipped}, {"prediction", plan::to_json(fitted->prediction, budget.bytes)}};
       if (fitted->fits) j["fit"]["config"] = fit_path;
     }
     std::cout << j.dump(2) << "\n";
@@ -92,6 +97,10 @@ int plan_command(const std::string& config_path, const std::vector<std::string>&
       for (const auto& c : fitted->changes) {
         std::cout << fmt::format("  change ({} predicted {} -> {}): {}\n", playbook::to_string(c.phase),
                                  format_bytes(c.peak_before), format_bytes(c.peak_after), c.description);
+      }
+      for (const auto& c : fitted->skipped) {
+        std::cout << fmt::format("  skipped ({} predicted {} either way): {}\n", playbook::to_string(c.phase),
+                                 format_bytes(c.peak_before), c.description);
       }
       if (fitted->fits) {
         std::cout << fmt::format("fits after {} change(s), predicted peak {}: written to {}\n", fitted->changes.size(),

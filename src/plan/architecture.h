@@ -20,8 +20,14 @@ struct Parameters {
   int64_t vae = 0;
   // The largest tensor of each component: the loader copies one tensor at a time out of the file.
   int64_t largest_denoiser_tensor = 0;
+  // The denoiser's largest Linear weight: what model.quantize converts one at a time (a UNet's
+  // largest tensor is a convolution, which stays as it is). 0: largest_denoiser_tensor stands in.
+  int64_t largest_denoiser_linear = 0;
   int64_t largest_text_tensor = 0;
   int64_t largest_vae_tensor = 0;
+  // The text encoders' largest Linear weight: what quantize_te converts one at a time (their
+  // largest tensor, a token embedding, stays as it is). 0: largest_text_tensor stands in.
+  int64_t largest_text_linear = 0;
   int64_t adapter = 0;          // LoRA down + up (+ alpha) over every targeted module
   int64_t adapter_modules = 0;
 };
@@ -52,6 +58,7 @@ struct Compute {
   bool vae_tiling = false;
   int threads = 1;              // attention chunks run one head per thread, each with its own block
   int adapter_rank = 4;         // LoRA's rank-wide intermediates
+  bool host = false;            // computing on the CPU: LibTorch's CPU kernels' own buffers count
 };
 
 class Architecture {
@@ -93,5 +100,6 @@ std::unique_ptr<Architecture> make_architecture(const ModelSource& source);
 // families.cpp dispatches to one of these.
 std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source);
 std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source);
+std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source);
 
 }  // namespace lt::plan

@@ -16,15 +16,12 @@ std::unique_ptr<Architecture> make_architecture(const ModelSource& source) {
     case playbook::ModelFamily::kFlux:
       return make_flux_architecture(source);
     case playbook::ModelFamily::kWan:
-      // `run` trains Wan, but the planner has no memory model of it yet (frames x tokens, the causal
-      // VAE's frame cache): refused rather than guessed. The guard still protects a Wan run.
-      throw InputError("plan: lora-train has no memory model for Wan 2.1 yet, so it cannot plan this run (sd1, sd2, "
-                       "sdxl and flux are planned; `run` trains Wan under the OOM guard)");
+      return make_wan_architecture(source);
     default:
       break;
   }
   throw InputError(std::string("plan: the ") + playbook::to_string(source.family) +
-                   " family has no memory model yet (sd1, sd2, sdxl and flux are planned)");
+                   " family has no memory model yet (sd1, sd2, sdxl, flux and wan21 are planned)");
 }
 
 }  // namespace lt::plan

@@ -22,6 +22,7 @@
 
 #include "architecture.h"
 #include "autoencoder_kl.h"
+#include "t5_encoder.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/models/flux/checkpoint.h"
@@ -45,7 +46,7 @@ constexpr int64_t kClipTokens = 77;
 
 // The text encoders' shapes the cache phase runs at.
 struct TextShapes {
-  int64_t t5_width = 4096, t5_heads = 64, t5_ff = 10240;
+  T5Shape t5;
   int64_t clip_width = 768;
 };
 
@@ -179,14 +180,9 @@ int64_t FluxArchitecture::inference_activations(const Shape& s, const Compute& c
   return (2 * n + worst) * e + 2 * S * config_.attention_head_dim * 4;
 }
 
-// The cache phase: T5 over its whole sequence (hidden states, the gated MLP's two projections, the
-// scores, their sum with the position bias and the probabilities beside the bias itself, which
-// every layer shares; the int64 position buckets it was computed from) and CLIP-L over 77 tokens.
+// The cache phase: T5 over its whole sequence and CLIP-L over 77 tokens.
 int64_t FluxArchitecture::text_encode(int64_t batch, const Compute& c) const {
-  const int64_t T = text_tokens();
-  // T5's attention upcasts: its scores and probabilities are fp32 in any compute dtype.
-  const int64_t t5 = batch * (T * (4 * text_.t5_width + 3 * text_.t5_ff) * c.bytes + 3 * text_.t5_heads * T * T * 4) +
-                     T * T * 8;
+  const int64_t t5 = t5_encode_bytes(text_.t5, batch, text_tokens(), c.bytes);
   const int64_t clip_heads = std::max<int64_t>(1, text_.clip_width / 64);
   const int64_t clip = batch * (8 * kClipTokens * text_.clip_width + 2 * clip_heads * kClipTokens * kClipTokens) * c.bytes;
   return std::max(t5, clip);
@@ -210,16 +206,7 @@ void count(const io::SafetensorsFile& file, const std::string& prefix, int64_t& 
   }
 }
 
-// T5's widths from its block 0 (shapes of the gated MLP and the position-bias table).
-void t5_shapes(const io::SafetensorsFile& file, const std::string& root, TextShapes& out) {
-  const std::string wi = root + "encoder.block.0.layer.1.DenseReluDense.wi_0.weight";
-  const std::string bias = root + "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
-  if (file.contains(wi) && file.info(wi).shape.size() == 2) {
-    out.t5_ff = file.info(wi).shape[0];
-    out.t5_width = file.info(wi).shape[1];
-  }
-  if (file.contains(bias) && file.info(bias).shape.size() == 2) out.t5_heads = file.info(bias).shape[1];
-}
+void t5_shapes(const io::SafetensorsFile& file, const std::string& root, TextShapes& out) { read_t5_shape(file, root, out.t5); }
 
 void clip_shapes(const io::SafetensorsFile& file, TextShapes& out) {
   for (const auto& t : file.tensors()) {
@@ -381,6 +368,7 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
     p.vae = kVaeParameters;
     p.largest_vae_tensor = kVaeLargestTensor;
   }
+  p.largest_text_linear = std::max(text.t5.ff * text.t5.width, 4 * text.clip_width * text.clip_width);
   return std::make_unique<FluxArchitecture>(std::move(config), std::move(vae), p, text);
 }
 

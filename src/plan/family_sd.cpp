@@ -346,11 +346,17 @@ void count_file(const io::SafetensorsFile& file, const models::Detection& d, Cou
     if (component == "unet") {
       out.params.largest_denoiser_tensor = std::max(out.params.largest_denoiser_tensor, n);
       out.params.denoiser += n;
-      if (t.shape.size() == 2 && ends_with(t.name, ".weight")) out.params.denoiser_linear += n;
+      if (t.shape.size() == 2 && ends_with(t.name, ".weight")) {
+        out.params.denoiser_linear += n;
+        out.params.largest_denoiser_linear = std::max(out.params.largest_denoiser_linear, n);
+      }
     } else if (starts_with(component, "text_encoder")) {
       out.params.text_encoders += n;
       out.params.largest_text_tensor = std::max(out.params.largest_text_tensor, n);
       if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) out.text_widths.push_back(t.shape[1]);
+      if (t.shape.size() == 2 && !ends_with(t.name, "embedding.weight")) {
+        out.params.largest_text_linear = std::max(out.params.largest_text_linear, n);
+      }
     } else if (component == "vae") {
       out.params.vae += n;
       out.params.largest_vae_tensor = std::max(out.params.largest_vae_tensor, n);
@@ -393,7 +399,9 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     // The largest tensors: the up path's first convolutions (1280 x 2560 x 3 x 3), the last text
     // encoder's token embedding (49408 tokens), the VAE decoder's 512 x 512 x 3 x 3 convolutions.
     counted.params.largest_denoiser_tensor = 1280 * 2560 * 9;
+    counted.params.largest_denoiser_linear = 1280 * 10240;  // the GEGLU projection of the widest blocks
     counted.params.largest_text_tensor = 49408 * counted.text_widths.back();
+    counted.params.largest_text_linear = 4 * counted.text_widths.back() * counted.text_widths.back();  // the MLP's fc1
     counted.params.largest_vae_tensor = 512 * 512 * 9;
     if (sd2) {
       unet.attention_head_dim = {5, 10, 20, 20};

@@ -1,6 +1,9 @@
 // The guard's ladder on predictions: the same classification and the same next_action() the OOM
 // guard uses after a real failure, asked as if the phase predicted over budget had failed at
-// step 1 on the largest bucket.
+// step 1 on the largest bucket. A rung the prediction says changes nothing for that phase (chunked
+// attention on a sequence shorter than the chunk, VAE tiling on a VAE that does not tile) is
+// skipped: recorded as tried, so the ladder offers the next one, and the settings stay as they are.
+// The guard at run time still takes every rung (it has only the OOM to go by).
 #include <fmt/format.h>
 
 #include "loratrain/memory/classify.h"
@@ -36,10 +39,17 @@ FitResult fit(const Planner& planner, const MemorySettings& start, int64_t budge
     const memory::Classified classified = memory::classify(ctx);
     const memory::Action action = memory::next_action(ctx, classified, history);
     if (action.gives_up() || action.kind == memory::ActionKind::empty_cache_retry) break;
-    history.failed.push_back(r.settings);
     const Prediction next = planner.predict(action.settings);
-    r.changes.push_back({memory::to_string(action.kind), action.description, *over, r.prediction.at(*over).peak(),
-                         next.at(*over).peak()});
+    const PlannedChange change{memory::to_string(action.kind), action.description, *over, r.prediction.at(*over).peak(),
+                               next.at(*over).peak()};
+    // A change that stops the phase (no baseline, no previews) lowers it whatever its peak would be.
+    if (next.at(*over).runs && change.peak_after >= change.peak_before) {
+      history.failed.push_back(action.settings);
+      r.skipped.push_back(change);
+      continue;
+    }
+    history.failed.push_back(r.settings);
+    r.changes.push_back(change);
     r.settings = action.settings;
     r.prediction = next;
   }

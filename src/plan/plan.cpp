@@ -155,7 +155,7 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
     if (!family || *family == ModelFamily::kUnknown) {
       throw config::error_at(job, "model.name_or_path",
                              "plan: " + p.model.name_or_path + " is not on this machine and model.arch does not name "
-                             "the family: set model.arch (sd1, sd2, sdxl, flux) to plan with the family's standard shapes");
+                             "the family: set model.arch (sd1, sd2, sdxl, flux, wan21) to plan with the family's standard shapes");
     }
     shapes_source_ = std::string(playbook::to_string(*family)) + "'s standard shapes (" + p.model.name_or_path +
                      " is not on this machine, nor in the Hugging Face cache)";
@@ -176,6 +176,7 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
     data::DatasetOptions options;
     options.folder_path = d.folder_path;
     options.caption_ext = d.caption_ext;
+    options.num_frames = d.num_frames;  // > 1: a video dataset, its clips' sizes from their headers
     options.verify_images = false;
     try {
       const data::Dataset dataset(options);
@@ -230,6 +231,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   c.vae_tiling = s.vae_tiling;
   c.threads = std::max(1u, std::thread::hardware_concurrency());
   c.adapter_rank = adapter_.linear_rank;
+  c.host = on_cpu_;
 
   const bool quantized = s.quantize != Quantize::none;
   const int64_t denoiser_full = params.denoiser * wb;
@@ -273,12 +275,16 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   // build, and the encoders then load beside the codes; otherwise quantization comes at the end.
   const bool early_fp8 = s.quantize == Quantize::fp8 && arch_->quantizes_fp8_while_loading();
   const int64_t base_loaded = early_fp8 ? denoiser_resident : denoiser_full;
-  // quantization converts one weight at a time beside the full base: int8 through an fp32 copy;
-  // fp8 e4m3 codes also through the encoder's int64 neighbour codes and fp32 distances
-  const int64_t quantizing = params.largest_denoiser_tensor * (s.quantize == Quantize::fp8 ? 44 : 4);
+  // quantization converts one weight at a time beside the full base. int8 (LinearImpl::quantize_int8):
+  // the fp32 copy of a 16-bit weight, then w / scale, its rounding and clamping (one expression:
+  // all alive until its end) and the int8 codes; fp8 e4m3 codes also through the encoder's int64
+  // neighbour codes and fp32 distances.
+  const int quantize_bytes = s.quantize == Quantize::fp8 ? 44 : 13 + (wb < 4 ? 4 : 0);
+  const int64_t quantizing =
+      (params.largest_denoiser_linear > 0 ? params.largest_denoiser_linear : params.largest_denoiser_tensor) * quantize_bytes;
   // (on a GPU the early codes are made on the host: the device never holds the widened denoiser)
   const bool build_on_device = on_cpu_ || !early_fp8;
-  const std::vector<Moment> moments = {
+  std::vector<Moment> moments = {
       {build_on_device ? params.denoiser * build : 0, build_on_device ? params.largest_denoiser_tensor * build : 0, 0},
       {build_on_device ? params.denoiser * build : 0, build_on_device && early_fp8 ? quantizing : 0, 0},
       {base_loaded + text_loaded * build, text_loaded ? params.largest_text_tensor * build : 0, 0},
@@ -286,6 +292,16 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
       {base_loaded + text_loaded * wb + vae_loaded, 0, adapter},
       {base_loaded + text_loaded * wb + vae_loaded, quantized && !early_fp8 ? quantizing : 0, adapter},
   };
+  // model.quantize_te: the text encoders are quantized after the denoiser, one weight at a time.
+  // Under model.low_vram they were not loaded with the rest: the family's quantize_base brings
+  // them to the device for it (and they stay there until the cache phase releases them).
+  const bool text_quantized_in_load = quantized && quantize_text_encoder_;
+  if (text_quantized_in_load) {
+    moments.push_back({denoiser_resident + params.text_encoders * wb + vae_loaded,
+                       (params.largest_text_linear > 0 ? params.largest_text_linear : params.largest_text_tensor) *
+                           quantize_bytes,
+                       adapter});
+  }
   for (const Moment& m : moments) {
     if (m.weights + m.workspace + m.adapter > load.peak()) {
       load.weights = m.weights;
@@ -316,7 +332,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   const int64_t latents_work = cache_latents_ ? arch_->vae_encode(encode_shape, c) : 0;
   const int64_t text_work = cache_text_ ? arch_->text_encode(1, c) : 0;
   if (s.low_vram) {
-    worst_of(cache, {{denoiser_resident + (cache_latents_ ? vae : 0), latents_work},
+    worst_of(cache, {{denoiser_resident + (text_quantized_in_load ? text_resident : 0) + (cache_latents_ ? vae : 0), latents_work},
                      {denoiser_resident + text_resident + (cache_latents_ ? 0 : vae), text_work}});
   } else {
     worst_of(cache, {{denoiser_resident + text_resident + vae, std::max(latents_work, text_work)}});

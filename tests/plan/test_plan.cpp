@@ -86,6 +86,56 @@ fs::path write_flux_dev_header(const fs::path& dir) {
   return path;
 }
 
+// Wan2.1-T2V-1.3B's transformer as the official/ComfyUI file lists it (native names), header only.
+fs::path write_wan_1_3b_header(const fs::path& dir) {
+  const int64_t d = 1536, ffn = 8960;
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t v : shape) n *= v;
+    header[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {offset, offset + 2 * uint64_t(n)}}};
+    offset += 2 * uint64_t(n);
+  };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out) {
+    tensor(name + ".weight", {out, in});
+    tensor(name + ".bias", {out});
+  };
+  tensor("patch_embedding.weight", {d, 16, 1, 2, 2});
+  tensor("patch_embedding.bias", {d});
+  linear("text_embedding.0", 4096, d);
+  linear("text_embedding.2", d, d);
+  linear("time_embedding.0", 256, d);
+  linear("time_embedding.2", d, d);
+  linear("time_projection.1", d, 6 * d);
+  for (int i = 0; i < 30; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    for (const char* attn : {"self_attn.", "cross_attn."}) {
+      for (const char* p : {"q", "k", "v", "o"}) linear(b + attn + p, d, d);
+      tensor(b + attn + "norm_q.weight", {d});
+      tensor(b + attn + "norm_k.weight", {d});
+    }
+    tensor(b + "norm3.weight", {d});
+    tensor(b + "norm3.bias", {d});
+    linear(b + "ffn.0", d, ffn);
+    linear(b + "ffn.2", ffn, d);
+    tensor(b + "modulation", {1, 6, d});
+  }
+  linear("head.head", d, 64);
+  tensor("head.modulation", {1, 2, d});
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+  const fs::path path = dir / "wan2.1_t2v_1.3B_bf16.safetensors";
+  {
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    out << text;
+  }
+  fs::resize_file(path, 8 + text.size() + offset);
+  return path;
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("AI Toolkit's SD 1.5 and SDXL jobs are planned per phase in well under 2 s", "[plan]") {
@@ -277,7 +327,106 @@ CATCH_TEST_CASE("Flux's levers move the phases they act on", "[plan][flux]") {
   for (const auto& c : fitted.changes) CATCH_CHECK(c.peak_after <= c.peak_before);
 }
 
-CATCH_TEST_CASE("a family without a memory model is one clear error", "[plan]") {
-  // Wan's models load, but `run` does not train them yet.
-  CATCH_CHECK_THROWS_WITH(Planner::from_config(aitk("ui_wan21_1b.yaml")), Catch::Contains("no memory model for Wan 2.1 yet"));
+CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples are planned per phase in under 2 s, from Wan's configs or a header", "[plan][wan]") {
+  for (const std::string job : {"example_wan21_1b_24gb.yaml", "example_wan21_14b_24gb.yaml", "ui_wan21_1b.yaml", "ui_wan21_14b.yaml"}) {
+    CATCH_INFO(job);
+    const auto started = std::chrono::steady_clock::now();
+    const auto planner = Planner::from_config(aitk(job));
+    const auto prediction = planner->predict(planner->configured());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    CATCH_CHECK(seconds < 2.0);
+    CATCH_CHECK(planner->family() == "wan");
+    CATCH_CHECK(planner->shapes_source().find("standard shapes") != std::string::npos);
+    for (size_t i = 0; i < lt::plan::kPhases; ++i) {
+      CATCH_INFO(lt::playbook::to_string(static_cast<Phase>(i)));
+      CATCH_CHECK(prediction.phases[i].peak() > 0);
+    }
+    CATCH_CHECK(!lt::plan::format_table(prediction, int64_t(24) << 30).empty());
+  }
+  // Wan2.1-T2V-1.3B: 1.42 B transformer parameters (30 blocks of width 1536), umT5-XXL's encoder
+  // (5.68 B), the 127 M-parameter VAE; the 14B: 40 blocks of width 5120.
+  const auto small = Planner::from_config(aitk("example_wan21_1b_24gb.yaml"));
+  const auto big = Planner::from_config(aitk("example_wan21_14b_24gb.yaml"));
+  CATCH_CHECK(small->describe().find("1419M denoiser + 5681M text + 127M VAE") != std::string::npos);
+  CATCH_CHECK(big->describe().find("14288M denoiser") != std::string::npos);
+  const auto s = small->predict(small->configured()), b = big->predict(big->configured());
+  // Wan's loader places the bf16 transformer before model.quantize converts it (Flux quantizes on
+  // the host first): the 14B example's load holds all 14.3 B parameters in 16 bits.
+  CATCH_CHECK(b.at(Phase::load).weights >= 2 * 14'288'491'584LL);
+  // The 14B example's unload_text_encoder and low_vram: umT5 and the VAE leave after the cache
+  // phase, so the step holds the quantized transformer alone; the 1.3B keeps all three.
+  CATCH_CHECK(b.at(Phase::train_step).weights < b.at(Phase::cache).weights);
+  CATCH_CHECK(s.at(Phase::train_step).weights == s.at(Phase::cache).weights);
+
+  // The same job against a full-size Wan2.1-T2V-1.3B file in native names on this machine: shapes from
+  // its header alone (the data region is a hole); no umT5 or VAE beside it: the released ones stand in.
+  const fs::path dir = lt::test::scratch_dir("plan_wan_header");
+  const fs::path file = write_wan_1_3b_header(dir);
+  const auto from_header = Planner::from_config(aitk("example_wan21_1b_24gb.yaml", {"model.name_or_path=" + file.string()}));
+  const auto h = from_header->predict(from_header->configured());
+  CATCH_CHECK(from_header->shapes_source().find("header") != std::string::npos);
+  for (size_t i = 0; i < lt::plan::kPhases; ++i) CATCH_CHECK(h.phases[i].peak() == s.phases[i].peak());
+}
+
+CATCH_TEST_CASE("Wan's levers move the phases they act on; frames make the clip's tokens", "[plan][wan]") {
+  const std::vector<std::string> base = {"train.gradient_checkpointing=false", "model.low_vram=false", "model.quantize=false",
+                                         "train.unload_text_encoder=false"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), extra.begin(), extra.end());
+    const auto planner = Planner::from_config(aitk("example_wan21_1b_24gb.yaml", all));
+    return planner->predict(planner->configured());
+  };
+  const auto images = with({});
+  const auto clip17 = with({"datasets.0.num_frames=17"});
+  const auto clip33 = with({"datasets.0.num_frames=33"});
+  // 17 frames are 5 latent frames: five times the tokens; the step grows faster than the frames
+  // (self-attention is quadratic in them).
+  CATCH_CHECK(clip17.at(Phase::train_step).activations > 5 * images.at(Phase::train_step).activations);
+  CATCH_CHECK(clip33.at(Phase::train_step).activations > clip17.at(Phase::train_step).activations);
+  // The VAE encodes 4 frames at a time: the cache phase grows only by the clip it reads.
+  const int64_t clip_bytes = 3LL * 632 * 632 * 4;
+  CATCH_CHECK(clip33.at(Phase::cache).peak() - clip17.at(Phase::cache).peak() < 16 * clip_bytes + (int64_t(64) << 20));
+  const auto ckpt = with({"datasets.0.num_frames=17", "train.gradient_checkpointing=true"});
+  CATCH_CHECK(ckpt.at(Phase::train_step).activations < clip17.at(Phase::train_step).activations / 4);
+  const auto chunked = with({"datasets.0.num_frames=17", "memory.attention_chunk=1024"});
+  CATCH_CHECK(chunked.at(Phase::train_step).activations < clip17.at(Phase::train_step).activations);
+  const auto quantized = with({"model.quantize=true", "model.qtype=qint8"});
+  CATCH_CHECK(quantized.at(Phase::train_step).weights < images.at(Phase::train_step).weights);
+  // fit() with a clip too long for 24 GiB: the guard's video ladder, attention chunked first,
+  // then frames halved on the 4k+1 grid, one change at a time.
+  const auto planner = Planner::from_config(aitk("example_wan21_1b_24gb.yaml", {"datasets.0.num_frames=81", "train.gradient_checkpointing=false"}));
+  const auto fitted = lt::plan::fit(*planner, planner->configured(), int64_t(24) << 30);
+  CATCH_REQUIRE(fitted.changes.size() >= 2);
+  CATCH_CHECK(fitted.changes[0].kind == "chunk_attention");
+  bool frames_reduced = false;
+  for (const auto& c : fitted.changes) {
+    CATCH_CHECK(c.peak_after <= c.peak_before);
+    if (c.kind == "reduce_frames") frames_reduced = true;
+  }
+  CATCH_CHECK(frames_reduced);
+  CATCH_CHECK((fitted.settings.num_frames - 1) % 4 == 0);
+
+  // Wan's VAE does not tile: at 14 GiB the previews' ladder offers memory.vae_tiling, the planner
+  // predicts the same peak with it and skips it (the guard's ladder itself still offers it).
+  const auto example = Planner::from_config(aitk("example_wan21_1b_24gb.yaml"));
+  const auto tight = lt::plan::fit(*example, example->configured(), int64_t(14) << 30);
+  CATCH_CHECK(tight.fits);
+  CATCH_REQUIRE_FALSE(tight.skipped.empty());
+  CATCH_CHECK(tight.skipped[0].kind == "tile_vae");
+  CATCH_CHECK(tight.skipped[0].peak_after == tight.skipped[0].peak_before);
+  for (const auto& c : tight.changes) {
+    CATCH_CHECK(c.kind != "tile_vae");
+    CATCH_CHECK(c.peak_after <= c.peak_before);
+  }
+  CATCH_CHECK_FALSE(tight.settings.vae_tiling);
+  lt::memory::FailureContext ctx;
+  ctx.phase = Phase::sample;
+  ctx.settings = example->configured();
+  ctx.settings.attention_chunk = lt::memory::kGuardAttentionChunk;
+  ctx.where = {1, ctx.settings.sample_width, ctx.settings.sample_height, 1, 1, 632};
+  ctx.steps_completed = 1;
+  lt::memory::LadderHistory history;
+  history.initial = example->configured();
+  CATCH_CHECK(lt::memory::next_action(ctx, lt::memory::classify(ctx), history).kind == lt::memory::ActionKind::tile_vae);
 }

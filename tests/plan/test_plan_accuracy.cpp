@@ -1,4 +1,4 @@
-// The planner against real peaks: tiny SD1 and Flux runs on the CPU with the counting allocator
+// The planner against real peaks: tiny SD1, Flux and Wan 2.1 runs on the CPU with the counting allocator
 // across batch, bucket, checkpointing, dtype, rank, optimizer, attention chunking, the 8-bit base and
 // the encoders' release; every phase a run's report.json has must be predicted within +-15%.
 #include <catch2/catch.hpp>
@@ -126,4 +126,41 @@ CATCH_TEST_CASE("predicted Flux peaks are within 15% of the measured ones on tin
       {"schnell", {"model.name_or_path=" + (root / "schnell" / "model.safetensors").string()}},
   };
   check_cases(root, cases, {"model.arch=flux"}, kFluxPreviews);
+}
+
+CATCH_TEST_CASE("predicted Wan 2.1 peaks are within 15% of the measured ones on tiny CPU runs", "[plan][e2e][wan]") {
+  const fs::path root = lt::test::scratch_dir("plan_accuracy_wan");
+  lt::train::DemoBaseOptions base;
+  base.arch = lt::train::DemoArch::kWan21;
+  lt::train::write_demo_base(root / "wan", base);
+  // Four clips of 9..17 frames (one of them 2:1 landscape), 64 px and up.
+  lt::data::DemoVideoOptions clips;
+  clips.count = 4;
+  clips.min_frames = 9;
+  clips.max_frames = 17;
+  lt::data::make_demo_video_dataset(root / "clips", clips);
+  const std::string video = "datasets.0.folder_path=" + (root / "clips").string();
+  const std::string frames9 = "datasets.0.num_frames=9";
+  const std::vector<Case> cases = {
+      {"wan_clips9", {video, frames9}},
+      {"wan_clips17", {video, "datasets.0.num_frames=17"}},
+      {"wan_images", {}},  // the tiny image dataset: 1-frame clips
+      {"wan_bucket128", {video, frames9, "datasets.0.resolution=[64, 128]"}},
+      {"wan_checkpointing", {video, frames9, "train.gradient_checkpointing=true", "datasets.0.resolution=[64, 128]"}},
+      {"wan_bf16", {video, frames9, "train.dtype=bf16"}},  // fp32 on a CPU without bf16 instructions
+      {"wan_attention_chunk", {video, frames9, "memory.attention_chunk=16", "datasets.0.resolution=[128]"}},
+      {"wan_rank32", {video, frames9, "network.linear=32", "network.linear_alpha=32"}},
+      {"wan_int8_base", {video, frames9, "model.quantize=true", "model.qtype=qint8"}},
+      {"wan_unload_te", {video, frames9, "train.unload_text_encoder=true"}},
+      {"wan_low_vram", {video, frames9, "model.low_vram=true"}},
+      // quantize_te (on with quantize) brings the deferred umT5 to the device at the end of load
+      {"wan_low_vram_int8", {video, frames9, "model.low_vram=true", "model.quantize=true", "model.qtype=qint8"}},
+  };
+  const std::string previews =
+      "      sample:\n        sample_every: 10\n        width: 64\n        height: 64\n        num_frames: 5\n"
+      "        sample_steps: 2\n        sampler: flowmatch\n        guidance_scale: 5\n        prompts:\n          - a red circle\n";
+  check_cases(root, cases,
+              {"model.name_or_path=" + (root / "wan" / "wan2.1_t2v_tiny.safetensors").string(), "model.arch=wan21",
+               "train.timestep_type=sigmoid"},
+              previews);
 }

@@ -84,11 +84,13 @@ struct FitResult {
   bool fits = false;        // the final settings' prediction fits the budget
   MemorySettings settings;  // the first settings that fit (or the last tried when nothing fits)
   std::vector<PlannedChange> changes;
+  std::vector<PlannedChange> skipped;  // rungs predicted to lower nothing in their phase: not taken
   Prediction prediction;    // of `settings`
 };
 
 // The guard's ladder in the planner: while a phase is predicted over `budget`, the one next
-// change memory::next_action() gives for an OOM in that phase (as at step 1, largest bucket).
+// change memory::next_action() gives for an OOM in that phase (as at step 1, largest bucket);
+// a change predicted not to lower that phase's peak is skipped (FitResult::skipped).
 FitResult fit(const Planner& planner, const MemorySettings& start, int64_t budget);
 
 // The per-phase table `lora-train plan` prints; with a budget, "fits" / "over" per phase.
