@@ -200,7 +200,7 @@ class Trainer {
   TextEmbedding cached_text(const std::string& caption);
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
   bool trains_on_trigger_only() const;
-  PhaseContext step_context() const;
+  PhaseContext step_context(const data::Batch& batch) const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   // Frames per loaded sample: the guard's num_frames for a video model, 0 (images) otherwise.
@@ -313,7 +313,11 @@ RunResult Trainer::run() {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state(), false, false};
       const auto started = std::chrono::steady_clock::now();
       in_train_step_ = true;
-      while (auto next = guard_->attempt(Phase::train_step, step_context(), [this] { train_step(); })) apply(*next);
+      // The step's first batch (a failed attempt has moved the data on; a change may have re-bucketed it).
+      while (auto next = guard_->attempt(Phase::train_step, step_context(batches_->at(step_start_.position)),
+                                         [this] { train_step(); })) {
+        apply(*next);
+      }
       in_train_step_ = false;
       ++step_;
       for (size_t image : step_images_) result_.images_seen[image] += 1;
@@ -839,10 +843,9 @@ void Trainer::restore_state() {
   spdlog::info("resumed from {} at step {}", path.string(), step_);
 }
 
-PhaseContext Trainer::step_context() const {
+PhaseContext Trainer::step_context(const data::Batch& batch) const {
   PhaseContext where;
   where.step = step_ + 1;
-  auto batch = batches_->current();
   where.width = batch.size.width;
   where.height = batch.size.height;
   where.batch = static_cast<int>(batch.items.size()) / world_size();  // this rank's rows
@@ -938,6 +941,7 @@ double Trainer::accumulate_gradients() {
   for (int micro = 0; micro < accumulation; ++micro) {
     data::Batch batch = batches_->next();
     if (micro == 0) step_bucket_ = batch.size;
+    if (micro > 0) guard_->set_context(step_context(batch));  // an OOM names the batch it happened in
     for (const auto& item : batch.items) step_images_.push_back(item.image);
     BatchShard shard;
     double share = 1.0;  // this rank's part of the global batch's mean
