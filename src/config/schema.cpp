@@ -176,7 +176,7 @@ const Table<DatasetConfig>& dataset_table() {
                       "Encode every caption once; the text encoders can then leave the GPU.")
                     .lever());
     t.push_back(field("num_frames", &S::num_frames,
-                      "Frames per training clip; > 1 makes this a video dataset. The biggest memory lever for video.")
+                      "Frames per training clip; > 1 makes this a video dataset. The biggest memory lever for video. Wan takes 4k+1 (1, 5, ..., 81); another count is rounded as diffusers' WanPipeline rounds it (40 -> 41), with a warning.")
                     .range(1, 1024)
                     .lever());
     t.push_back(field("shrink_video_to_frames", &S::shrink_video_to_frames,
@@ -511,7 +511,7 @@ const Table<ModelConfig>& model_table() {
     t.push_back(field("quantize", &S::quantize,
                       "Store the frozen base's Linear weights in 8 bits with one scale per output channel, a quarter "
                       "of fp32's memory: fp8 e4m3 codes for qfloat8 (decoded through a byte table), int8 for qint8. "
-                      "Flux with qfloat8: an fp8 file's weights (plain or ComfyUI scaled) are kept as stored, never "
+                      "Flux with qfloat8: an fp8 file's weights (e4m3fn or e5m2, plain or ComfyUI scaled) are kept as stored, never "
                       "widened, and the rest is quantized on the host before the model reaches the device (AI "
                       "Toolkit widens fp8 files to the dtype first).")
                     .lever());
@@ -622,8 +622,8 @@ const Table<SampleConfig>& sample_table() {
   static const Table<SampleConfig> t = [] {
     using S = SampleConfig;
     Table<S> t;
-    t.push_back(field("sampler", &S::sampler, "Sampler for previews. Flow-matching models (Flux, Wan) sample with flowmatch only: another name gets a warning and flowmatch; flowmatch on SD 1.x/2.x/SDXL is an error.")
-                    .one_of({"ddpm", "ddim", "euler", "flowmatch"})
+    t.push_back(field("sampler", &S::sampler, "Sampler for previews. Flow-matching models (Flux, Wan) sample with flowmatch (Wan also with unipc, WanPipeline's own scheduler): another name gets a warning and flowmatch; flowmatch or unipc on SD 1.x/2.x/SDXL is an error.")
+                    .one_of({"ddpm", "ddim", "euler", "flowmatch", "unipc"})
                     .not_yet({"euler_a", "pndm", "lms", "dpmsolver", "dpmsolver++", "dpmsingle", "heun", "dpm_2", "dpm_2_a",
                               "lcm", "custom_lcm", "mean_flow"})
                     .normalize(lower_normalize));
@@ -650,7 +650,7 @@ const Table<SampleConfig>& sample_table() {
                     .not_yet({"webp"})
                     .normalize(lower_normalize)
                     .no_effect());
-    t.push_back(field("num_frames", &S::num_frames, "Frames per video preview.").range(1, 1024).lever());
+    t.push_back(field("num_frames", &S::num_frames, "Frames per video preview; Wan's 4k+1 rule as datasets[].num_frames.").range(1, 1024).lever());
     t.push_back(field("fps", &S::fps, "Frame rate of video previews.").min(1));
     t.push_back(not_yet<S>("guidance_rescale", "number", "0.0", "CFG rescale."));
     t.push_back(not_yet<S>("adapter_conditioning_scale", "number", "1.0", "Image-adapter strength."));

@@ -75,11 +75,13 @@ void BatchIterator::seek(BatchPosition position) {
   position_ = position;
 }
 
-Batch BatchIterator::current() const {
-  const EpochOrder& order = order_for(position_.epoch);
-  const std::vector<size_t>& ids = order.batches.at(static_cast<size_t>(position_.index));
+Batch BatchIterator::current() const { return at(position_); }
+
+Batch BatchIterator::at(BatchPosition position) const {
+  const EpochOrder& order = order_for(position.epoch);
+  const std::vector<size_t>& ids = order.batches.at(static_cast<size_t>(position.index));
   Batch batch;
-  batch.position = position_;
+  batch.position = position;
   const BucketEntry& first = plan_.entries().at(ids.front());
   batch.resolution = first.resolution;
   batch.size = first.placement.bucket();
@@ -90,8 +92,8 @@ Batch BatchIterator::current() const {
     item.image = e.image;
     item.flip_x = e.flip_x;
     item.placement = e.placement;
-    Rng rng(mix_seed({options_.seed, static_cast<uint64_t>(position_.epoch),
-                      static_cast<uint64_t>(position_.index), slot, kCaptionStream}));
+    Rng rng(mix_seed({options_.seed, static_cast<uint64_t>(position.epoch),
+                      static_cast<uint64_t>(position.index), slot, kCaptionStream}));
     item.caption = dataset_->caption(e.image, rng);
     batch.items.push_back(std::move(item));
   }

@@ -40,12 +40,14 @@ std::string float_text(double v) {
 }
 
 // kohya stems: lora_unet_..., lora_te_..., lora_te1_..., lora_transformer_...; PEFT: first segment.
+// ComfyUI's `diffusion_model.` (musubi's Wan layout, either key style) is the transformer, as the
+// PEFT names call it.
 std::string component_of(const std::string& stem, LoRAFormat format) {
+  if (starts_with(stem, "diffusion_model.")) return "transformer";
   if (format == LoRAFormat::PEFT) return stem.substr(0, stem.find('.'));
   for (const char* c : {"unet", "te1", "te2", "te3", "te", "transformer"}) {
     if (starts_with(stem, std::string("lora_") + c + "_")) return c;
   }
-  if (starts_with(stem, "diffusion_model.")) return "diffusion_model";  // musubi/ComfyUI Wan, dotted
   return stem.substr(0, stem.find('_', stem.find('_') + 1));
 }
 

@@ -31,6 +31,12 @@ bool before_training(const FailureContext& ctx) {
 
 // The class by phase alone (§2 A-D and the video row).
 Classification by_phase(const FailureContext& ctx, std::string& reason) {
+  // Caching a clip's latents: the VAE's encode of one clip grows with its frames, so the video
+  // ladder (frames first) applies, not the load one. A caption (frames 0) or an image stays `load`.
+  if (ctx.phase == Phase::cache && ctx.settings.is_video && ctx.where.frames > 1) {
+    reason = fmt::format("caching the latents of a clip of {} frames, before training started", ctx.where.frames);
+    return Classification::video_spike;
+  }
   switch (ctx.phase) {
     case Phase::load:
     case Phase::cache:

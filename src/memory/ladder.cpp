@@ -231,10 +231,16 @@ std::vector<Rung> rungs_for(Phase phase, Classification cls, const Classified& c
     case Classification::video_spike:
       break;
   }
+  const int first_floor = reduced_frames(reduced_frames(initial.num_frames));
+  if (phase == Phase::cache) {
+    // A clip's encode while caching (video_spike): frames first as in training, then the cache
+    // ladder's encoder levers; batch, checkpointing and the denoiser change nothing in the VAE.
+    return {chunk_attention, reduce_frames_to(first_floor), enable_low_vram, tile_vae,
+            reduce_frames_to(kMinVideoFrames)};
+  }
   std::vector<Rung> rungs = {chunk_attention};
   if (s.is_video) {
     // Video (§3): frames first, at most two halvings before the other levers.
-    const int first_floor = reduced_frames(reduced_frames(initial.num_frames));
     for (const Rung& r : {reduce_frames_to(first_floor), Rung(enable_checkpointing), Rung(batch_to_one),
                           Rung(drop_largest_bucket), reduce_frames_to(kMinVideoFrames), Rung(disable_sampling),
                           Rung(enable_low_vram), Rung(quantize_base)}) {
@@ -266,9 +272,13 @@ Action exhausted(const FailureContext& ctx) {
     need = "this step needs more memory than the device has";
   }
   if (ctx.phase == Phase::cache) {
-    const std::string what = ctx.where.width > 0
-                                 ? fmt::format("the VAE's encode of one {}x{} image", ctx.where.width, ctx.where.height)
-                                 : std::string("encoding one caption");
+    std::string what = "encoding one caption";
+    if (ctx.where.frames > 1) {
+      what = fmt::format("the VAE's encode of one {}x{} clip of {} frames", ctx.where.width, ctx.where.height,
+                         ctx.where.frames);
+    } else if (ctx.where.width > 0) {
+      what = fmt::format("the VAE's encode of one {}x{} image", ctx.where.width, ctx.where.height);
+    }
     a.description = fmt::format(
         "give up: {} does not fit: every encoder lever is used ({}); the denoiser is not quantized for an "
         "encoder's failure (it would cost training quality); {}: free device memory or use a larger device, lower "

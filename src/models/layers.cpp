@@ -43,6 +43,20 @@ const torch::Tensor& fp8_e4m3_table() {
   return table;
 }
 
+const torch::Tensor& fp8_e5m2_table() {
+  static const torch::Tensor table = [] {
+    std::vector<float> v(256);
+    for (int code = 0; code < 256; ++code) {
+      const int e = (code >> 2) & 0x1F, m = code & 0x3;
+      float value = e == 0 ? std::ldexp(static_cast<float>(m), -16) : std::ldexp(1.0f + static_cast<float>(m) / 4.0f, e - 15);
+      if (e == 0x1F) value = 0.0f;  // inf and NaN codes
+      v[static_cast<size_t>(code)] = (code & 0x80) ? -value : value;
+    }
+    return torch::tensor(v, torch::kFloat);
+  }();
+  return table;
+}
+
 torch::Tensor fp8_e4m3_encode(const torch::Tensor& x) {
   // The positive codes 0..126 are ascending in value: find the two neighbours of |x| and keep the
   // nearer (ties to the even code, as round-to-nearest-even does).
@@ -59,11 +73,12 @@ torch::Tensor fp8_e4m3_encode(const torch::Tensor& x) {
 
 namespace {
 
-// Int8 values or fp8 codes times their per-row scale, in the scale's dtype.
-torch::Tensor dequantize(const torch::Tensor& q, const torch::Tensor& scale) {
+// Int8 values or fp8 codes (of `format`) times their per-row scale, in the scale's dtype.
+torch::Tensor dequantize(const torch::Tensor& q, const torch::Tensor& scale, Fp8Format format) {
   if (q.scalar_type() == torch::kByte) {
-    return fp8_e4m3_table().to(q.device()).index_select(0, q.flatten().to(torch::kLong)).view(q.sizes()).to(
-               scale.scalar_type()) * scale;
+    const torch::Tensor& table = format == Fp8Format::e5m2 ? fp8_e5m2_table() : fp8_e4m3_table();
+    return table.to(q.device()).index_select(0, q.flatten().to(torch::kLong)).view(q.sizes()).to(scale.scalar_type()) *
+           scale;
   }
   return q.to(scale.scalar_type()) * scale;
 }
@@ -72,15 +87,18 @@ torch::Tensor dequantize(const torch::Tensor& q, const torch::Tensor& scale) {
 // is added outside: autograd functions take defined tensors only).
 struct QuantizedLinearFunction : public torch::autograd::Function<QuantizedLinearFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& q, const torch::Tensor& scale) {
+                               const torch::Tensor& q, const torch::Tensor& scale, Fp8Format format) {
     ctx->save_for_backward({q, scale});
-    return x.matmul(dequantize(q, scale).to(x.scalar_type()).t());
+    ctx->saved_data["e5m2"] = format == Fp8Format::e5m2;
+    return x.matmul(dequantize(q, scale, format).to(x.scalar_type()).t());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& grad = grad_outputs[0];
-    return {grad.matmul(dequantize(saved[0], saved[1]).to(grad.scalar_type())), torch::Tensor(), torch::Tensor()};
+    const Fp8Format format = ctx->saved_data["e5m2"].toBool() ? Fp8Format::e5m2 : Fp8Format::e4m3fn;
+    return {grad.matmul(dequantize(saved[0], saved[1], format).to(grad.scalar_type())), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -94,6 +112,7 @@ void LinearImpl::quantize(WeightQuantization format) {
   torch::Tensor scale = w.abs().amax(1, true).clamp_min(1e-12) / 448.0;  // [out, 1]
   weight_scale = register_buffer("weight_scale", scale.to(weight.device()));
   weight_int8 = register_buffer("weight_int8", fp8_e4m3_encode(w / scale).to(weight.device()));
+  fp8_format = Fp8Format::e4m3fn;
   weight.set_data(torch::empty({0}, weight.options()));
 }
 
@@ -109,13 +128,14 @@ void LinearImpl::quantize_int8() {
   weight.set_data(torch::empty({0}, weight.options()));
 }
 
-void LinearImpl::set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale) {
+void LinearImpl::set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale, Fp8Format format) {
   TORCH_CHECK(codes.scalar_type() == torch::kByte && codes.dim() == 2 && codes.size(0) == out_features &&
                   codes.size(1) == in_features,
               "fp8 codes must be uint8 [", out_features, ", ", in_features, "], got ", codes.sizes());
   torch::NoGradGuard no_grad;
   weight_scale = register_buffer("weight_scale", scale.to(torch::kFloat).reshape({out_features, 1}).contiguous().to(weight.device()));
   weight_int8 = register_buffer("weight_int8", codes.contiguous().to(weight.device()));
+  fp8_format = format;
   weight.set_data(torch::empty({0}, weight.options()));
 }
 
@@ -131,12 +151,12 @@ void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking)
 
 void LinearImpl::to(torch::Dtype dtype, bool non_blocking) { to(weight.device(), dtype, non_blocking); }
 
-torch::Tensor LinearImpl::dequantized_weight() const { return dequantize(weight_int8, weight_scale); }
+torch::Tensor LinearImpl::dequantized_weight() const { return dequantize(weight_int8, weight_scale, fp8_format); }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (quantized()) {
     const torch::Tensor input = x.to(bias.defined() ? bias.scalar_type() : weight.scalar_type());
-    torch::Tensor y = QuantizedLinearFunction::apply(input, weight_int8, weight_scale);
+    torch::Tensor y = QuantizedLinearFunction::apply(input, weight_int8, weight_scale, fp8_format);
     if (bias.defined()) y = y + bias.to(y.scalar_type());
     if (base_adapter) y = y + base_adapter->delta(x).to(y.scalar_type());
     if (adapter) y = y + adapter->delta(x).to(y.scalar_type());

@@ -210,13 +210,19 @@ Detection detect_checkpoint(const io::SafetensorsFile& file) {
       any_key(file, ".hada_w")) {
     d.format = KeyFormat::kKohyaLoRA;
     d.evidence = "keys ending in .lora_down.weight / .lora_up.weight (or LyCORIS .lokr_w* / .hada_w*)";
-    d.components = split_components(file, {{"unet", "lora_unet_"}, {"text_encoder", "lora_te"}, {"transformer", "lora_transformer_"}});
+    d.components = split_components(file, {{"unet", "lora_unet_"},
+                                           {"text_encoder", "lora_te"},
+                                           {"transformer", "lora_transformer_"},
+                                           {"transformer", "diffusion_model."}});  // musubi/ComfyUI (Wan)
     return d;
   }
   if (any_key(file, ".lora_A.weight") || any_key(file, ".lora_B.weight")) {
     d.format = KeyFormat::kPeftLoRA;
     d.evidence = "keys ending in .lora_A.weight / .lora_B.weight";
-    d.components = split_components(file, {{"unet", "unet."}, {"text_encoder", "text_encoder"}, {"transformer", "transformer."}});
+    d.components = split_components(file, {{"unet", "unet."},
+                                           {"text_encoder", "text_encoder"},
+                                           {"transformer", "transformer."},
+                                           {"transformer", "diffusion_model."}});
     return d;
   }
   if (any_prefix(file, "model.diffusion_model.input_blocks.")) {

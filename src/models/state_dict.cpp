@@ -129,8 +129,9 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
     const auto scale = scale_of.find(key);
     const io::TensorInfo& info = file.info(file_key);
     if (auto linear = linears.find(key); options.keep_fp8_linear_weights && linear != linears.end() &&
-                                         info.dtype == io::DType::F8_E4M3 && info.shape.size() == 2) {
-      // The stored bytes are the e4m3fn codes; a scale (per tensor or per row) goes to every row.
+                                         (info.dtype == io::DType::F8_E4M3 || info.dtype == io::DType::F8_E5M2) &&
+                                         info.shape.size() == 2) {
+      // The stored bytes are the codes; a scale (per tensor or per row) goes to every row.
       at::Tensor codes = torch::from_blob(const_cast<uint8_t*>(file.data(info)), info.shape, torch::kByte).clone();
       at::Tensor row_scale = (scale != scale_of.end() ? scale->second.to(at::kFloat) : torch::ones({}, at::kFloat))
                                  .expand({info.shape[0], 1})
@@ -139,7 +140,8 @@ size_t load_state_dict(torch::nn::Module& module, const io::SafetensorsFile& fil
         codes = make->second(codes);
         row_scale = make->second(row_scale);
       }
-      linear->second->set_fp8_weight(codes, row_scale);
+      linear->second->set_fp8_weight(codes, row_scale,
+                                     info.dtype == io::DType::F8_E5M2 ? Fp8Format::e5m2 : Fp8Format::e4m3fn);
       continue;
     }
     at::Tensor value = file.load(file_key, options.dtype.value_or(target.scalar_type()));

@@ -27,14 +27,16 @@ int64_t working(const models::sd::VAEConfig& vae, const Shape& s, bool decode) {
   return worst * 4;
 }
 
-// The tile the VAE works on: the configured sample size, or half the latent when that is smaller.
+// The tile the VAE works on: the configured sample size, or half the latent when that is smaller,
+// rounded up to a multiple of 4 cells (AutoencoderKLImpl::tile_latent_for: whole-cell steps at the
+// 0.25 overlap).
 Shape tile_of(const models::sd::VAEConfig& vae, const Shape& s, const Compute& c) {
   Shape tile = s;
   if (c.vae_tiling) {
     const int64_t f = int64_t(1) << (vae.block_out_channels.size() - 1);
     const int64_t side = std::max(s.width, s.height) / f;
     const int64_t min_tile = vae.sample_size / f;
-    const int64_t t = side > min_tile ? min_tile : std::max<int64_t>(8, (side + 1) / 2);
+    const int64_t t = side > min_tile ? min_tile : (std::max<int64_t>(8, (side + 1) / 2) + 3) / 4 * 4;
     if (t < side) tile.width = tile.height = t * f;
   }
   return tile;

@@ -194,7 +194,10 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
       // An empty or unreadable folder: `run` reports it; the plan assumes square buckets.
     }
   }
-  configured_ = playbook::settings_from_config(p, playbook::is_video(source_.family));
+  // Frame counts on the video grid, as `run` trains them (40 -> 41).
+  config::ProcessConfig on_grid = p;
+  if (playbook::is_video(source_.family)) playbook::put_frames_on_video_grid(on_grid);
+  configured_ = playbook::settings_from_config(on_grid, playbook::is_video(source_.family));
   optimizer_ = p.train.optimizer;
   adapter_.linear_rank = p.network.linear;
   adapter_.conv_rank = p.network.conv.value_or(0);

@@ -216,4 +216,31 @@ int increased_frames(int frames, int cap) {
   return std::max(frames, std::min(best, cap));
 }
 
+int frames_on_video_grid(int frames) {
+  if (frames <= 1) return 1;
+  const int up = 4 * (frames / 4) + 1;
+  return up > 1024 ? up - 4 : up;
+}
+
+std::vector<std::string> put_frames_on_video_grid(config::ProcessConfig& p) {
+  std::vector<std::string> notes;
+  const auto note = [&notes](const std::string& key, int from, int to) {
+    notes.push_back(fmt::format("{}: {} is not of the form 4k+1 that the video VAE encodes (1 frame, then 4 per latent "
+                                "frame); using {}, as diffusers' WanPipeline rounds it",
+                                key, from, to));
+  };
+  for (size_t i = 0; i < p.datasets.size(); ++i) {
+    int& frames = p.datasets[i].num_frames;
+    if (frames <= 1) continue;
+    const int on_grid = std::max(frames_on_video_grid(frames), 5);
+    if (on_grid != frames) note(fmt::format("datasets.{}.num_frames", i), frames, on_grid);
+    frames = on_grid;
+  }
+  if (const int on_grid = frames_on_video_grid(p.sample.num_frames); on_grid != p.sample.num_frames) {
+    note("sample.num_frames", p.sample.num_frames, on_grid);
+    p.sample.num_frames = on_grid;
+  }
+  return notes;
+}
+
 }  // namespace lt::playbook

@@ -1,4 +1,4 @@
-// DDPM, DDIM, Euler and flow-matching Euler schedulers (see scheduler.h). Timestep and sigma
+// DDPM, DDIM, Euler, flow-matching Euler and flow UniPC schedulers (see scheduler.h). Timestep and sigma
 // tables are computed the way diffusers computes them: numpy float64 where it uses numpy (with
 // numpy's linspace/arange/interp/round semantics), float32 where it uses torch or float32 arrays,
 // so the tables match the reference bit for bit or to the last float32 ulp.
@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -172,6 +173,16 @@ class ConfigReader {
       for (auto& e : *v) {
         if (!e.is_number()) fail(key, "a list of numbers", *v);
         out.push_back(e.get<double>());
+      }
+    }
+  }
+  void get(const char* key, std::vector<int64_t>& out) const {
+    if (auto* v = find(key)) {
+      if (!v->is_array()) fail(key, "a list of integers", *v);
+      out.clear();
+      for (auto& e : *v) {
+        if (!e.is_number_integer()) fail(key, "a list of integers", *v);
+        out.push_back(e.get<int64_t>());
       }
     }
   }
@@ -872,6 +883,214 @@ StepOutput FlowMatchEulerDiscreteScheduler::step(const at::Tensor& model_output,
 
 json FlowMatchEulerDiscreteScheduler::config_json() const { return config_.to_json(); }
 
+// ---- UniPC multistep, flow sigmas ----
+
+UniPCMultistepSchedulerConfig UniPCMultistepSchedulerConfig::from_json(const json& j) {
+  UniPCMultistepSchedulerConfig c;
+  ConfigReader r(j);
+  r.get("num_train_timesteps", c.num_train_timesteps);
+  r.get("solver_order", c.solver_order);
+  r.get("flow_shift", c.flow_shift);
+  r.get("solver_type", c.solver_type);
+  r.get("lower_order_final", c.lower_order_final);
+  r.get("final_sigmas_type", c.final_sigmas_type);
+  r.get("disable_corrector", c.disable_corrector);
+  const char* flow_only = "lora-train's UniPC samples flow-matching models (Wan) only";
+  if (const json* v = r.find("use_flow_sigmas"); !v || *v != json(true))
+    throw InputError(std::string("scheduler config: UniPCMultistepScheduler needs use_flow_sigmas: true (") + flow_only + ")");
+  if (const json* v = r.find("prediction_type"); !v || *v != json("flow_prediction"))
+    throw InputError(std::string("scheduler config: UniPCMultistepScheduler needs prediction_type: flow_prediction (") +
+                     flow_only + ")");
+  r.require_default("predict_x0", true, "UniPC's flow_prediction predicts x0");
+  r.require_default("use_dynamic_shifting", false, "a static flow_shift only");
+  r.require_default("shift_terminal", nullptr, "a static flow_shift only");
+  r.require_default("thresholding", false, "dynamic thresholding is for pixel-space models");
+  r.require_default("solver_p", nullptr, "the B(h) predictor only");
+  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas"})
+    r.require_default(key, false, "flow sigmas only");
+  if (c.solver_type == "midpoint" || c.solver_type == "heun" || c.solver_type == "logrho") c.solver_type = "bh2";
+  if (c.solver_type != "bh1" && c.solver_type != "bh2")
+    throw InputError("scheduler config: solver_type must be bh1 or bh2, got '" + c.solver_type + "'");
+  if (c.final_sigmas_type != "zero" && c.final_sigmas_type != "sigma_min")
+    throw InputError("scheduler config: final_sigmas_type must be zero or sigma_min, got '" + c.final_sigmas_type + "'");
+  if (c.solver_order < 1 || c.solver_order > 3) throw InputError("scheduler config: solver_order must be 1, 2 or 3");
+  if (c.num_train_timesteps < 2) throw InputError("scheduler config: num_train_timesteps must be >= 2");
+  if (!(c.flow_shift > 0)) throw InputError("scheduler config: flow_shift must be > 0");
+  return c;
+}
+
+json UniPCMultistepSchedulerConfig::to_json() const {
+  json j;
+  j["_class_name"] = "UniPCMultistepScheduler";
+  j["num_train_timesteps"] = num_train_timesteps;
+  j["solver_order"] = solver_order;
+  j["prediction_type"] = "flow_prediction";
+  j["predict_x0"] = true;
+  j["use_flow_sigmas"] = true;
+  j["flow_shift"] = flow_shift;
+  j["solver_type"] = solver_type;
+  j["lower_order_final"] = lower_order_final;
+  j["final_sigmas_type"] = final_sigmas_type;
+  j["disable_corrector"] = disable_corrector;
+  j["use_dynamic_shifting"] = false;
+  return j;
+}
+
+UniPCMultistepScheduler::UniPCMultistepScheduler(const UniPCMultistepSchedulerConfig& config) : config_(config) {}
+
+void UniPCMultistepScheduler::set_prediction_type(PredictionType p) {
+  if (p != PredictionType::kFlow)
+    throw InputError(std::string("UniPCMultistepScheduler (flow sigmas) samples flow-matching models only, not ") +
+                     to_string(p));
+}
+
+void UniPCMultistepScheduler::set_timesteps(int64_t n, const TimestepOptions& options) {
+  if (options.mu) throw InputError("UniPCMultistepScheduler: dynamic shifting (mu) is not supported");
+  const double T = static_cast<double>(config_.num_train_timesteps);
+  // numpy float64: linspace(1, 1/T, N + 1)[:-1], shifted; the first sigma kept just below 1 so
+  // that log(alpha) stays finite.
+  std::vector<double> sig = options.sigmas;
+  if (sig.empty()) {
+    if (n < 1) throw InputError("UniPCMultistepScheduler: num_inference_steps must be >= 1");
+    sig = np_linspace(1, 1 / T, n + 1);
+    sig.pop_back();
+  }
+  const double shift = config_.flow_shift;
+  for (auto& v : sig) v = shift * v / (1 + (shift - 1) * v);
+  if (std::fabs(sig[0] - 1) < 1e-6) sig[0] -= 1e-6;
+  std::vector<int64_t> ts;
+  for (double v : sig) ts.push_back(static_cast<int64_t>(v * T));  // astype(int64): truncation
+  const double last = config_.final_sigmas_type == "zero" ? 0.0 : sig.back();
+  sig.push_back(last);
+  sigmas_ = f32_tensor(sig);
+  timesteps_ = torch::tensor(ts, torch::kInt64);
+  model_outputs_.clear();
+  last_sample_ = at::Tensor();
+  lower_order_nums_ = 0;
+  this_order_ = 0;
+  next_step_ = 0;
+}
+
+at::Tensor UniPCMultistepScheduler::lambda(int64_t k) const {
+  const at::Tensor sigma = sigmas_[k];
+  return at::log(1 - sigma) - at::log(sigma);
+}
+
+namespace {
+
+// The B(h) coefficients of a UniPC update from step size h (float32 0-dim tensors, as the
+// reference): h_phi_1 = expm1(-h), B_h, and the right-hand side b of the order conditions.
+struct UniCoefficients {
+  at::Tensor h_phi_1, B_h, R, b;
+};
+
+UniCoefficients uni_coefficients(const at::Tensor& h, const std::vector<at::Tensor>& rks_in, int64_t order,
+                                 const std::string& solver_type) {
+  std::vector<at::Tensor> rks = rks_in;
+  rks.push_back(torch::ones({}, h.options()));
+  const at::Tensor r = torch::stack(rks);
+  const at::Tensor hh = -h;  // predict_x0
+  UniCoefficients c;
+  c.h_phi_1 = torch::expm1(hh);
+  at::Tensor h_phi_k = c.h_phi_1 / hh - 1;
+  int64_t factorial = 1;
+  c.B_h = solver_type == "bh1" ? hh : torch::expm1(hh);
+  std::vector<at::Tensor> R, b;
+  for (int64_t k = 1; k <= order; ++k) {
+    R.push_back(torch::pow(r, k - 1));
+    b.push_back(h_phi_k * static_cast<double>(factorial) / c.B_h);
+    factorial *= k + 1;
+    h_phi_k = h_phi_k / hh - 1.0 / static_cast<double>(factorial);
+  }
+  c.R = torch::stack(R);
+  c.b = torch::stack(b);
+  return c;
+}
+
+// sum_k rho[k] * D[k] (the reference's einsum "k,bkc...->bc...").
+at::Tensor weighted_sum(const at::Tensor& rho, const std::vector<at::Tensor>& D) {
+  at::Tensor out = rho[0] * D[0];
+  for (size_t k = 1; k < D.size(); ++k) out = out + rho[static_cast<int64_t>(k)] * D[k];
+  return out;
+}
+
+}  // namespace
+
+at::Tensor UniPCMultistepScheduler::predictor(const at::Tensor& x, int64_t i, int64_t order) const {
+  const auto device = x.device();
+  const at::Tensor& m0 = model_outputs_.back();
+  const at::Tensor sigma_t = sigmas_[i + 1].to(device), sigma_s0 = sigmas_[i].to(device);
+  const at::Tensor alpha_t = 1 - sigma_t;
+  const at::Tensor lambda_s0 = lambda(i).to(device);
+  const at::Tensor h = lambda(i + 1).to(device) - lambda_s0;
+  std::vector<at::Tensor> rks, D1s;
+  for (int64_t k = 1; k < order; ++k) {
+    const at::Tensor rk = (lambda(i - k).to(device) - lambda_s0) / h;
+    rks.push_back(rk);
+    D1s.push_back((model_outputs_[model_outputs_.size() - 1 - static_cast<size_t>(k)] - m0) / rk);
+  }
+  const UniCoefficients c = uni_coefficients(h, rks, order, config_.solver_type);
+  at::Tensor x_t = sigma_t / sigma_s0 * x - alpha_t * c.h_phi_1 * m0;
+  if (!D1s.empty()) {
+    // Order 2 uses rho = 0.5, as the reference does, rather than solving the 1x1 system.
+    const at::Tensor rhos = order == 2 ? torch::full({1}, 0.5, x.options())
+                                       : at::linalg_solve(c.R.slice(0, 0, -1).slice(1, 0, -1), c.b.slice(0, 0, -1))
+                                             .to(x.scalar_type());
+    x_t = x_t - alpha_t * c.B_h * weighted_sum(rhos, D1s);
+  }
+  return x_t.to(x.scalar_type());
+}
+
+at::Tensor UniPCMultistepScheduler::corrector(const at::Tensor& model_t, const at::Tensor& x, const at::Tensor& this_sample,
+                                              int64_t i, int64_t order) const {
+  const auto device = this_sample.device();
+  const at::Tensor& m0 = model_outputs_.back();
+  const at::Tensor sigma_t = sigmas_[i].to(device), sigma_s0 = sigmas_[i - 1].to(device);
+  const at::Tensor alpha_t = 1 - sigma_t;
+  const at::Tensor lambda_s0 = lambda(i - 1).to(device);
+  const at::Tensor h = lambda(i).to(device) - lambda_s0;
+  std::vector<at::Tensor> rks, D1s;
+  for (int64_t k = 1; k < order; ++k) {
+    const at::Tensor rk = (lambda(i - (k + 1)).to(device) - lambda_s0) / h;
+    rks.push_back(rk);
+    D1s.push_back((model_outputs_[model_outputs_.size() - 1 - static_cast<size_t>(k)] - m0) / rk);
+  }
+  const UniCoefficients c = uni_coefficients(h, rks, order, config_.solver_type);
+  const at::Tensor rhos =
+      order == 1 ? torch::full({1}, 0.5, x.options()) : at::linalg_solve(c.R, c.b).to(x.scalar_type());
+  at::Tensor correction = rhos[-1] * (model_t - m0);
+  if (!D1s.empty()) correction = weighted_sum(rhos.slice(0, 0, -1), D1s) + correction;
+  const at::Tensor x_t = sigma_t / sigma_s0 * x - alpha_t * c.h_phi_1 * m0 - alpha_t * c.B_h * correction;
+  return x_t.to(x.scalar_type());
+}
+
+StepOutput UniPCMultistepScheduler::step(const at::Tensor& model_output, int64_t i, const at::Tensor& sample_in,
+                                         at::Generator*) const {
+  check_step_index(i);
+  TORCH_CHECK(i == next_step_, "UniPCMultistepScheduler: step ", i, " out of order (the multistep history expects step ",
+              next_step_, "; call set_timesteps() to start again)");
+  at::Tensor sample = sample_in.to(at::kFloat);
+  // flow_prediction with predict_x0: the model's x0 estimate.
+  const at::Tensor model_x0 = sample - sigmas_[i].to(sample.device()) * model_output.to(at::kFloat);
+  const bool disabled = std::find(config_.disable_corrector.begin(), config_.disable_corrector.end(), i - 1) !=
+                        config_.disable_corrector.end();
+  if (i > 0 && !disabled && last_sample_.defined()) {
+    sample = corrector(model_x0, last_sample_, sample, i, this_order_);
+  }
+  model_outputs_.push_back(model_x0);
+  if (static_cast<int64_t>(model_outputs_.size()) > config_.solver_order) model_outputs_.erase(model_outputs_.begin());
+  const int64_t n = timesteps_.size(0);
+  const int64_t order = config_.lower_order_final ? std::min(config_.solver_order, n - i) : config_.solver_order;
+  this_order_ = std::min(order, lower_order_nums_ + 1);  // warm-up: one more previous output per step
+  last_sample_ = sample;
+  at::Tensor prev = predictor(sample, i, this_order_);
+  if (lower_order_nums_ < config_.solver_order) ++lower_order_nums_;
+  next_step_ = i + 1;
+  return {prev.to(model_output.scalar_type()), model_x0};
+}
+
+json UniPCMultistepScheduler::config_json() const { return config_.to_json(); }
+
 // ---- Construction ----
 
 SamplerKind sampler_kind_from_name(std::string_view raw) {
@@ -882,15 +1101,16 @@ SamplerKind sampler_kind_from_name(std::string_view raw) {
   if (name == "flowmatch" || name == "flow_match" || name == "flowmatch_euler" ||
       name == "flowmatcheulerdiscretescheduler")
     return SamplerKind::kFlowMatch;
+  if (name == "unipc" || name == "unipcmultistepscheduler") return SamplerKind::kUniPC;
   static const std::vector<std::string> kKnownElsewhere = {
       "euler_a", "k_euler_a", "pndm", "lms", "k_lms", "heun", "k_heun", "dpm_2", "k_dpm_2", "dpm_2_a", "k_dpm_2_a",
       "dpmsolver", "dpmsolver++", "k_dpmsolver", "k_dpmsolver++", "dpmsingle", "k_dpmsingle", "lcm", "custom_lcm",
-      "mean_flow", "unipc", "dpm++", "dpm++_2m", "dpmsolver++_2m", "euler_ancestral", "pndmscheduler"};
-  const std::string supported = "supported: ddpm, ddim, euler, flowmatch";
+      "mean_flow", "dpm++", "dpm++_2m", "dpmsolver++_2m", "euler_ancestral", "pndmscheduler"};
+  const std::string supported = "supported: ddpm, ddim, euler, flowmatch, unipc";
   for (const auto& k : kKnownElsewhere)
     if (name == k) throw InputError("sampler '" + std::string(raw) + "' is not implemented in lora-train (" + supported + ")");
   std::string msg = "unknown sampler '" + std::string(raw) + "' (" + supported + ")";
-  if (auto m = closest_match(name, {"ddpm", "ddim", "euler", "flowmatch"})) msg += "; did you mean '" + *m + "'?";
+  if (auto m = closest_match(name, {"ddpm", "ddim", "euler", "flowmatch", "unipc"})) msg += "; did you mean '" + *m + "'?";
   throw InputError(msg);
 }
 
@@ -900,6 +1120,7 @@ const char* to_string(SamplerKind k) {
     case SamplerKind::kDDIM: return "ddim";
     case SamplerKind::kEuler: return "euler";
     case SamplerKind::kFlowMatch: return "flowmatch";
+    case SamplerKind::kUniPC: return "unipc";
   }
   return "?";
 }
@@ -912,6 +1133,8 @@ std::unique_ptr<Scheduler> make_scheduler(SamplerKind kind, const json& config) 
       return std::make_unique<EulerDiscreteScheduler>(EulerDiscreteSchedulerConfig::from_json(config));
     case SamplerKind::kFlowMatch:
       return std::make_unique<FlowMatchEulerDiscreteScheduler>(FlowMatchEulerDiscreteSchedulerConfig::from_json(config));
+    case SamplerKind::kUniPC:
+      return std::make_unique<UniPCMultistepScheduler>(UniPCMultistepSchedulerConfig::from_json(config));
   }
   throw InputError("unknown sampler kind");
 }
@@ -967,9 +1190,17 @@ json default_scheduler_config(std::string_view family) {
   if (f == "flux_schnell")
     return json{{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"num_train_timesteps", 1000},
                 {"shift", 1.0}, {"use_dynamic_shifting", false}};
-  if (f == "wan" || f == "wan21")
-    return json{{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"num_train_timesteps", 1000},
-                {"shift", 5.0}, {"use_dynamic_shifting", false}};
+  if (f == "wan" || f == "wan21") {
+    // Wan-AI/Wan2.1-T2V-*-Diffusers' UniPCMultistepScheduler (flow sigmas shifted by 3.0), with
+    // the flow-match Euler keys of AI Toolkit's Wan 2.1 scheduler (shift 3.0) beside it: each
+    // class reads its own keys, so both samplers build from this one config.
+    return json{{"_class_name", "UniPCMultistepScheduler"}, {"num_train_timesteps", 1000},
+                {"solver_order", 2}, {"prediction_type", "flow_prediction"},
+                {"predict_x0", true}, {"solver_type", "bh2"},
+                {"lower_order_final", true}, {"final_sigmas_type", "zero"},
+                {"use_flow_sigmas", true}, {"flow_shift", 3.0},
+                {"shift", 3.0}, {"use_dynamic_shifting", false}};
+  }
   throw InputError("no default scheduler for model family '" + std::string(family) +
                    "' (sd15, sd15_v, sdxl, flux, flux_schnell, wan)");
 }

@@ -95,7 +95,9 @@ nlohmann::json clip_vit_l_json(const models::CLIPTokenizer& tokenizer) {
           {"eos_token_id", 2},             {"pad_token_id", 1}};
 }
 
-DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size) {
+// `norm_groups`: GroupNorm groups of the tiny UNet and VAE (32, what single-file loaders assume; the
+// pretrained base uses fewer, see DemoPretrainOptions).
+DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size, int64_t norm_groups = 32) {
   // UNet: SD1's block structure at 64/128 channels; heads = channels / 64 (the convention that
   // UNetConfig::detect_from_weights reads back for non-768 context widths).
   nlohmann::json unet_json = {
@@ -108,14 +110,15 @@ DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size) {
       {"layers_per_block", 1},
       {"attention_head_dim", {1, 2}},
       {"cross_attention_dim", 64},
-      {"norm_num_groups", 32},
+      {"norm_num_groups", norm_groups},
   };
+  nlohmann::json vae_json = tiny_vae_json(models::sd::VAEConfig::sd());
+  vae_json["norm_num_groups"] = norm_groups;
   DemoModels m;
   // Full size: the real SD1.5 shapes (diffusers defaults), for GPU smoke runs and benchmarks.
   m.unet = models::sd::UNet2DConditionModel(full_size ? models::sd::UNetConfig::sd15()
                                                       : models::sd::UNetConfig::from_json(unet_json));
-  m.vae = models::sd::AutoencoderKL(full_size ? models::sd::VAEConfig::sd()
-                                              : models::sd::VAEConfig::from_json(tiny_vae_json(models::sd::VAEConfig::sd())));
+  m.vae = models::sd::AutoencoderKL(full_size ? models::sd::VAEConfig::sd() : models::sd::VAEConfig::from_json(vae_json));
   m.text_encoder = models::CLIPTextModel(
       models::CLIPTextConfig::from_json(full_size ? clip_vit_l_json(tokenizer) : tiny_clip_json(tokenizer)));
   return m;
@@ -195,9 +198,7 @@ void write_single_file(const fs::path& out_dir, DemoModels& m, bool sdxl, const 
   const std::string what = sdxl ? "SDXL" : "SD1";
   io::save_safetensors(out_dir / "model.safetensors", tensors,
                        {{"format", "pt"},
-                        {"lora_train_demo", "tiny " + what + "-architecture base with " +
-                                                (o.pretrain.enabled ? "weights pretrained on generated shapes"
-                                                                    : "seeded random weights")},
+                        {"lora_train_demo", "tiny " + what + "-architecture base with seeded random weights"},
                         {"seed", std::to_string(o.seed)}});
   spdlog::info("demo base: {} tensors in {}", tensors.size(), (out_dir / "model.safetensors").string());
 }
@@ -532,6 +533,12 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   if (pre.enabled && (pre.images < 1 || pre.vae_steps < 1 || pre.vae_batch < 1 || pre.unet_steps < 1 || pre.unet_batch < 1)) {
     throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1");
   }
+  if (pre.enabled && (pre.vae_image_size < 8 || pre.vae_image_size > 512 || pre.vae_image_size % 8 != 0)) {
+    throw InputError("demo base: the autoencoder's training image size must be a multiple of 8 in 8..512");
+  }
+  if (pre.enabled && (pre.norm_groups < 1 || 32 % pre.norm_groups != 0)) {
+    throw InputError("demo base: pretraining norm groups must divide 32 (the tiny VAE's narrowest level)");
+  }
   torch::manual_seed(options.seed);
   if (options.arch == DemoArch::kWan21) {
     if (options.full_size) throw InputError("demo base: wan21 is written tiny only");
@@ -555,11 +562,12 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
     return;
   }
   const bool sdxl = options.arch == DemoArch::kSDXL;
-  DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size) : build_sd1(tokenizer, options.full_size);
-  if (options.pretrain.enabled) {
-    pretrain_sd_demo(models.unet, models.vae, models.text_encoder, tokenizer, options.pretrain, options.seed);
-  }
-  if (options.diffusers) {
+  DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size)
+                     : pre.enabled ? build_sd1(tokenizer, false, pre.norm_groups)
+                                   : build_sd1(tokenizer, options.full_size);
+  if (pre.enabled) pretrain_sd_demo(models.unet, models.vae, models.text_encoder, tokenizer, pre, options.seed);
+  // The pretrained base is a diffusers folder, whose configs carry its group count.
+  if (options.diffusers || pre.enabled) {
     write_diffusers_folder(out_dir, models, sdxl, options);
   } else {
     write_single_file(out_dir, models, sdxl, options);

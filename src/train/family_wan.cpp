@@ -3,7 +3,8 @@
 // latents_mean/std, conditioned on umT5's hidden states (512 tokens as Wan's pipeline pads and
 // truncates them; the rows past the prompt zeroed, as the pipeline trims and zero-pads them) and the
 // raw timestep. Images are 1-frame clips. Rectified-flow training (target noise - x0) with AI
-// Toolkit's Wan shift 3.0; previews: flow-match Euler with Wan's inference shift 5.0.
+// Toolkit's Wan shift 3.0; previews: flow-match Euler with the same shift (as AI Toolkit samples
+// Wan 2.1), or with `sample.sampler: unipc` the diffusers WanPipeline's UniPC (flow_shift 3.0).
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -90,9 +91,7 @@ WanModel::WanModel(ModelLoadOptions options)
   traits_.objective = Objective::flow_matching;
   traits_.prediction = sample::PredictionType::kFlow;
   // AI Toolkit trains Wan 2.1 on a flow-match schedule shifted by 3.0, without dynamic shifting.
-  auto training_schedule = sample::default_scheduler_config("wan");
-  training_schedule["shift"] = 3.0;
-  traits_.flow_schedule = sample::FlowMatchEulerDiscreteSchedulerConfig::from_json(training_schedule);
+  traits_.flow_schedule = sample::FlowMatchEulerDiscreteSchedulerConfig::from_json(sample::default_scheduler_config("wan"));
   traits_.scheduler_config = "wan";
   traits_.latent_channels = checkpoint_.config().in_channels;
   traits_.latent_downscale = 8;

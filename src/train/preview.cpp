@@ -16,15 +16,23 @@ namespace lt::train {
 std::string sampler_for_model(const ModelTraits& traits, const std::string& configured) {
   const sample::SamplerKind kind = sample::sampler_kind_from_name(configured);
   const bool flow = traits.objective == Objective::flow_matching;
+  const bool flow_sampler = kind == sample::SamplerKind::kFlowMatch || kind == sample::SamplerKind::kUniPC;
   const char* family = playbook::to_string(traits.family);
-  if (flow && kind != sample::SamplerKind::kFlowMatch) {
+  if (flow && !flow_sampler) {
     spdlog::warn("sample.sampler: {} does not fit {}'s flow-matching objective; previews use flowmatch (set "
                  "sample.sampler: flowmatch to silence this)", configured, family);
     return "flowmatch";
   }
-  if (!flow && kind == sample::SamplerKind::kFlowMatch) {
-    throw InputError(std::string("sample.sampler: flowmatch samples flow-matching models (Flux, Wan); this ") + family +
+  if (!flow && flow_sampler) {
+    throw InputError("sample.sampler: " + configured + " samples flow-matching models (Flux, Wan); this " + family +
                      " base predicts noise: use ddpm, ddim or euler");
+  }
+  // The family's scheduler config must suit it (UniPC: flow sigmas, which only Wan's config has).
+  try {
+    sample::make_scheduler(kind, sample::default_scheduler_config(traits.scheduler_config));
+  } catch (const InputError& e) {
+    throw InputError("sample.sampler: " + configured + " cannot sample " + family + " (" + e.what() +
+                     "); use flowmatch");
   }
   return configured;
 }
@@ -58,8 +66,10 @@ at::Tensor render_preview(DiffusionModel& model, const sample::SamplePrompt& pro
   options.prediction_type = traits.prediction;
 
   const nlohmann::json scheduler_config = sample::default_scheduler_config(traits.scheduler_config);
-  auto scheduler = sample::make_scheduler(sample::sampler_kind_from_name(preview.sampler), scheduler_config);
-  if (traits.objective == Objective::flow_matching) {
+  const sample::SamplerKind kind = sample::sampler_kind_from_name(preview.sampler);
+  auto scheduler = sample::make_scheduler(kind, scheduler_config);
+  // UniPC takes its own flow sigmas, linspace(1, 1/T, N + 1)[:-1], as WanPipeline calls it.
+  if (kind == sample::SamplerKind::kFlowMatch) {
     // The Flux/Wan pipelines' schedule: unshifted sigmas numpy.linspace(1, 1/N, N), shifted by
     // the image's token count where the scheduler shifts dynamically.
     const double n = static_cast<double>(prompt.steps);

@@ -201,7 +201,7 @@ class Trainer {
   TextEmbedding cached_text(const std::string& caption);
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
   bool trains_on_trigger_only() const;
-  PhaseContext step_context() const;
+  PhaseContext step_context(const data::Batch& batch) const;
   ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   // Frames per loaded sample: the guard's num_frames for a video model, 0 (images) otherwise.
@@ -222,6 +222,7 @@ class Trainer {
   at::ScalarType dtype_ = at::kFloat;
   ModelLoadOptions model_options_;
   std::string base_note_;  // how model.name_or_path was resolved, when worth saying
+  std::vector<std::string> frame_notes_;  // frame counts read_config put on the video grid, for the log
 
   std::unique_ptr<memory::DeviceMemory> memory_;
   std::unique_ptr<memory::OomGuard> guard_;
@@ -281,6 +282,9 @@ RunResult Trainer::run() {
       while (auto next = guard_->attempt(Phase::cache, {}, [&] {
                if (is_main() == main_turn) build_caches();
              })) {
+        // The retry builds the cache again under the new settings (shorter clips, say); apply()
+        // must not re-encode it outside the guard.
+        if (is_main() == main_turn) latent_cache_.reset();
         apply(*next);
       }
     }
@@ -310,7 +314,11 @@ RunResult Trainer::run() {
       step_start_ = {batches_->position(), sample::generator_state(noise_rng_), global_rng_state(), false, false};
       const auto started = std::chrono::steady_clock::now();
       in_train_step_ = true;
-      while (auto next = guard_->attempt(Phase::train_step, step_context(), [this] { train_step(); })) apply(*next);
+      // The step's first batch (a failed attempt has moved the data on; a change may have re-bucketed it).
+      while (auto next = guard_->attempt(Phase::train_step, step_context(batches_->at(step_start_.position)),
+                                         [this] { train_step(); })) {
+        apply(*next);
+      }
       in_train_step_ = false;
       ++step_;
       for (size_t image : step_images_) result_.images_seen[image] += 1;
@@ -455,6 +463,7 @@ void Trainer::read_config() {
   // The checkpoint's family from its headers, before anything is written: a wrong or unsupported
   // checkpoint stops here.
   const ModelFamily family = identify_model(model_options_);
+  if (playbook::is_video(family)) frame_notes_ = playbook::put_frames_on_video_grid(*p_);
   settings_ = playbook::settings_from_config(*p_, playbook::is_video(family));
   run_dir_ = fs::path(p_->training_folder) / job_.name;
   base_note_ = base.note;
@@ -483,6 +492,7 @@ void Trainer::open_run_folder() {
     spdlog::info("data parallel: rank {} of {}; train.batch_size {} per rank, {} per step", dp_->rank(), dp_->size(),
                  p_->train.batch_size, p_->train.batch_size * dp_->size());
   }
+  for (const auto& note : frame_notes_) spdlog::warn("{}", note);
   if (is_main()) config::write_effective_yaml(job_, run_dir_ / "config.yaml");
   if (const std::string ignored = config::ignored_keys_summary(job_); !ignored.empty()) spdlog::info("{}", ignored);
   if (!base_note_.empty()) spdlog::info("model.name_or_path: {}", base_note_);
@@ -838,10 +848,9 @@ void Trainer::restore_state() {
   spdlog::info("resumed from {} at step {}", path.string(), step_);
 }
 
-PhaseContext Trainer::step_context() const {
+PhaseContext Trainer::step_context(const data::Batch& batch) const {
   PhaseContext where;
   where.step = step_ + 1;
-  auto batch = batches_->current();
   where.width = batch.size.width;
   where.height = batch.size.height;
   where.batch = static_cast<int>(batch.items.size()) / world_size();  // this rank's rows
@@ -937,6 +946,7 @@ double Trainer::accumulate_gradients() {
   for (int micro = 0; micro < accumulation; ++micro) {
     data::Batch batch = batches_->next();
     if (micro == 0) step_bucket_ = batch.size;
+    if (micro > 0) guard_->set_context(step_context(batch));  // an OOM names the batch it happened in
     for (const auto& item : batch.items) step_images_.push_back(item.image);
     BatchShard shard;
     double share = 1.0;  // this rank's part of the global batch's mean
@@ -1344,6 +1354,7 @@ SampleResult Trainer::sample(const SampleRequest& request) {
     job_ = config::parse_config_text(text, "--model", request.overrides);
   }
   read_config();
+  for (const auto& note : frame_notes_) spdlog::warn("{}", note);
   settle_cpu_dtype();
   open_device_memory();
   torch::manual_seed(seed());

@@ -99,6 +99,15 @@ CATCH_TEST_CASE("classification table (playbook section 2)", "[memory][ladder]")
   CATCH_CHECK(classify(context(Phase::train_step, 3, video)).kind == Classification::video_spike);
   CATCH_CHECK(classify(context(Phase::train_step, 500, video)).kind == Classification::video_spike);
   CATCH_CHECK(classify(context(Phase::load, 0, video)).kind == Classification::load);
+  // Caching: a clip's encode is the video spike; a caption's (frames 0) or an image's stays load.
+  auto caching_clip = context(Phase::cache, 0, video);
+  caching_clip.where.frames = 81;
+  CATCH_CHECK(classify(caching_clip).kind == Classification::video_spike);
+  CATCH_CHECK_THAT(classify(caching_clip).reason, Catch::Contains("clip of 81 frames"));
+  caching_clip.where.frames = 0;
+  CATCH_CHECK(classify(caching_clip).kind == Classification::load);
+  caching_clip.where.frames = 1;
+  CATCH_CHECK(classify(caching_clip).kind == Classification::load);
 
   CATCH_CHECK(classify(context(Phase::train_step, 1, s)).first_step);
   CATCH_CHECK_FALSE(classify(context(Phase::train_step, 5, s)).first_step);
@@ -261,6 +270,31 @@ CATCH_TEST_CASE("ladder: load, cache and baseline sample each have their own lad
                                                K::enable_low_vram, K::quantize_base, K::give_up_exhausted});
   CATCH_CHECK(baseline.actions[2].settings.skip_first_sample);
   CATCH_CHECK_FALSE(baseline.actions[2].settings.disable_sampling);
+}
+
+CATCH_TEST_CASE("ladder: a clip's encode while caching takes the video rung: frames first, then the VAE's levers",
+                "[memory][ladder]") {
+  MemorySettings s = image_settings();
+  s.is_video = true;
+  s.num_frames = 33;
+  s.sample_num_frames = 33;
+  s.batch_size = 2;
+  FailureContext caching = context(Phase::cache, 0, s);
+  caching.where = {0, 256, 256, 33, 1, 0};
+  const Run run = drive(caching);
+  CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::reduce_frames, K::reduce_frames, K::enable_low_vram,
+                                          K::tile_vae, K::reduce_frames, K::give_up_exhausted});
+  CATCH_CHECK(run.actions[1].description == "datasets.num_frames: 33 -> 17, sample.num_frames: 33 -> 17");
+  CATCH_CHECK(run.actions[2].settings.num_frames == 9);
+  CATCH_CHECK(run.actions[5].settings.num_frames == 5);
+  // Nothing the VAE does not use: batch, checkpointing, buckets and the denoiser stay.
+  for (const Action& a : run.actions) {
+    CATCH_CHECK(a.settings.batch_size == 2);
+    CATCH_CHECK_FALSE(a.settings.gradient_checkpointing);
+    CATCH_CHECK(a.settings.dropped_largest == 0);
+    CATCH_CHECK(a.settings.quantize == Quantize::none);
+  }
+  CATCH_CHECK_THAT(run.last.description, Catch::Contains("one 256x256 clip of 33 frames"));
 }
 
 CATCH_TEST_CASE("ladder: environment gives up after at most one retry", "[memory][ladder]") {

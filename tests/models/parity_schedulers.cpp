@@ -1,4 +1,4 @@
-// Parity runners for the sampling schedulers (DDPM, DDIM, Euler, flow-match Euler): each case's
+// Parity runners for the sampling schedulers (DDPM, DDIM, Euler, flow-match Euler, flow UniPC): each case's
 // config.json built through make_scheduler_from_config, driven as the case's meta.json `call`
 // states, its tables and one step compared with diffusers'.
 #include <torch/torch.h>
@@ -76,6 +76,23 @@ const RunnerRegistrar flow_runner("FlowMatchEulerDiscreteScheduler", [](const Ca
     o["out.step.prev_sample"] = flow.step(c.input("in.model_output"), step_index(c), c.input("in.sample")).prev_sample;
   }
   return std::vector<Pass>{{"20 steps", o}};
+});
+
+// A whole loop (the multistep history, the corrector, the lower-order last step) from the case's
+// fixed model outputs, through the sampler's scheduler interface.
+const RunnerRegistrar unipc_runner("UniPCMultistepScheduler", [](const Case& c) {
+  auto s = make_scheduler_from_config(c.config);
+  const at::Tensor model_outputs = c.input("in.model_outputs");
+  const int64_t steps = model_outputs.size(0);
+  s->set_timesteps(steps);
+  at::Tensor x = c.input("in.sample");
+  std::vector<at::Tensor> samples;
+  for (int64_t i = 0; i < steps; ++i) {
+    x = s->step(model_outputs[i], i, x).prev_sample;
+    samples.push_back(x);
+  }
+  Outputs o{{"out.timesteps", s->timesteps()}, {"out.sigmas", s->sigmas()}, {"out.samples", torch::stack(samples)}};
+  return std::vector<Pass>{{std::to_string(steps) + " steps", o}};
 });
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Parity runners for the text encoders (transformers CLIPTextModel, CLIPTextModelWithProjection,
-// T5EncoderModel) and transformers' slow CLIPTokenizer.
+// T5EncoderModel, UMT5EncoderModel) and transformers' slow CLIPTokenizer.
 #include <torch/torch.h>
 
 #include <fstream>
@@ -56,7 +56,9 @@ Outputs t5_outputs(T5EncoderModel& model, const Case& c) {
           {"out.long.last_hidden_state", model(c.input("in.long.input_ids"))}};
 }
 
-const RunnerRegistrar t5_encoder_runner("T5EncoderModel", [](const Case& c) {
+// T5EncoderModel (one bias table, block 0's) and UMT5EncoderModel (one per block) run alike; the
+// model type comes from config.json in the first pass and from the shapes in the second.
+std::vector<Pass> run_t5(const Case& c) {
   std::vector<Pass> passes;
   auto weights = c.open("weights.safetensors");
   T5EncoderModel model(T5Config::from_json(c.config, (c.dir / "config.json").string()));
@@ -74,7 +76,10 @@ const RunnerRegistrar t5_encoder_runner("T5EncoderModel", [](const Case& c) {
   } chunks(5);
   passes.push_back({"query chunks of 5 rows", t5_outputs(model, c)});
   return passes;
-});
+}
+
+const RunnerRegistrar t5_encoder_runner("T5EncoderModel", run_t5);
+const RunnerRegistrar umt5_encoder_runner("UMT5EncoderModel", run_t5);
 
 // The OpenAI vocabulary is not part of the project: the case folder may hold it (a parity root
 // outside the project), else ../shared/fixtures/<case> does; without it the case is skipped.

@@ -45,3 +45,35 @@ CATCH_TEST_CASE("a Linear quantized to int8 or fp8 keeps one byte per weight and
     CATCH_CHECK(torch::allclose(xi.grad(), expected, 1e-5, 1e-5));
   }
 }
+
+CATCH_TEST_CASE("fp8 e5m2 codes decode as the format defines, and a Linear keeps them as its 8-bit weight", "[models][quantize]") {
+  const auto& table = lt::models::fp8_e5m2_table();
+  CATCH_CHECK(table[0x3C].item<float>() == 1.0f);                   // exponent 15 = bias: 1.0
+  CATCH_CHECK(table[0x7B].item<float>() == 57344.0f);               // the largest finite value
+  CATCH_CHECK(table[0x01].item<float>() == std::ldexp(1.0f, -16));  // the smallest subnormal
+  CATCH_CHECK(table[0x3D].item<float>() == 1.25f);                  // 2 mantissa bits
+  CATCH_CHECK(table[0xBC].item<float>() == -1.0f);
+  CATCH_CHECK(table[0x7C].item<float>() == 0.0f);  // inf and NaN codes read as 0
+  CATCH_CHECK(table[0xFF].item<float>() == 0.0f);
+  // Where e4m3fn would read the same byte differently: the Linear decodes with its own format.
+  torch::manual_seed(6);
+  const torch::Tensor codes = torch::randint(0, 0x7B, {8, 16}, torch::kLong).to(torch::kByte) +
+                              (torch::rand({8, 16}) < 0.5).to(torch::kByte) * 128;
+  const torch::Tensor scale = torch::rand({8, 1}) + 0.5;
+  Linear linear(16, 8);
+  linear->set_fp8_weight(codes, scale, lt::models::Fp8Format::e5m2);
+  CATCH_CHECK(linear->quantized());
+  CATCH_CHECK(linear->weight_int8.scalar_type() == torch::kByte);
+  const torch::Tensor expected = table.index_select(0, codes.flatten().to(torch::kLong)).view({8, 16}) * scale;
+  CATCH_CHECK(torch::equal(linear->dequantized_weight(), expected));
+  const torch::Tensor x = torch::randn({3, 16}).requires_grad_(true);
+  const torch::Tensor y = linear(x);
+  CATCH_CHECK(torch::allclose(y, x.matmul(expected.t()) + linear->bias, 1e-5, 1e-5));
+  y.sum().backward();
+  CATCH_CHECK(torch::allclose(x.grad(), torch::ones({3, 8}).matmul(expected), 1e-5, 1e-5));
+  // Placing it in a dtype keeps the codes and their format.
+  linear->to(torch::kBFloat16);
+  linear->to(torch::kFloat);
+  CATCH_CHECK(linear->fp8_format == lt::models::Fp8Format::e5m2);
+  CATCH_CHECK(torch::equal(linear->dequantized_weight(), expected));
+}

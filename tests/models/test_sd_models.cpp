@@ -332,4 +332,10 @@ CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
   // The first tile's interior (away from any seam) is the decoder's output for that tile alone.
   at::Tensor first = vae->decoder(vae->post_quant_conv(z.slice(2, 0, 8).slice(3, 0, 8)));
   CATCH_CHECK((tiled.slice(2, 0, 12).slice(3, 0, 12) - first.slice(2, 0, 12).slice(3, 0, 12)).abs().max().item<double>() <= 1e-6);
+  // Any size, e.g. a wide bucket (Flux's 736x352 at 1/8 scale): half of 46 cells is 23, rounded up to
+  // 24 so that the tiles step by whole cells; the tiles join to exactly the untiled size.
+  vae->tile_latent_min_size = 64;
+  const at::Tensor wide = torch::rand({1, 3, 44, 92}) * 2 - 1;
+  CATCH_CHECK(vae->encode(wide).mean.sizes() == std::vector<int64_t>{1, 4, 22, 46});
+  CATCH_CHECK(vae->decode(torch::randn({1, 4, 22, 46})).sizes() == std::vector<int64_t>{1, 3, 44, 92});
 }

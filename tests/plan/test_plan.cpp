@@ -366,6 +366,11 @@ CATCH_TEST_CASE("AI Toolkit's Wan 2.1 examples are planned per phase in under 2 
   const auto h = from_header->predict(from_header->configured());
   CATCH_CHECK(from_header->shapes_source().find("header") != std::string::npos);
   for (size_t i = 0; i < lt::plan::kPhases; ++i) CATCH_CHECK(h.phases[i].peak() == s.phases[i].peak());
+
+  // Frame counts as `run` trains them: the example's 40-frame previews (and 40-frame clips) are 41.
+  const auto forty = Planner::from_config(aitk("example_wan21_1b_24gb.yaml", {"datasets.0.num_frames=40"}));
+  CATCH_CHECK(forty->configured().num_frames == 41);
+  CATCH_CHECK(forty->configured().sample_num_frames == 41);
 }
 
 CATCH_TEST_CASE("Wan's levers move the phases they act on; frames make the clip's tokens", "[plan][wan]") {

@@ -2,6 +2,7 @@
 // settings to JSON and to the config, each a round trip.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -97,6 +98,44 @@ CATCH_TEST_CASE("memory settings: JSON round trip", "[playbook]") {
   from_json(nlohmann::json{{"low_vram", true}}, partial);
   CATCH_CHECK(partial.batch_size == 3);
   CATCH_CHECK(partial.low_vram);
+}
+
+CATCH_TEST_CASE("frame counts off the 4k+1 grid are rounded as diffusers' WanPipeline does", "[playbook]") {
+  // WanPipeline: num_frames // 4 * 4 + 1.
+  CATCH_CHECK(frames_on_video_grid(40) == 41);  // AI Toolkit's Wan 2.1 example previews
+  CATCH_CHECK(frames_on_video_grid(41) == 41);
+  CATCH_CHECK(frames_on_video_grid(34) == 33);
+  CATCH_CHECK(frames_on_video_grid(35) == 33);
+  CATCH_CHECK(frames_on_video_grid(36) == 37);
+  CATCH_CHECK(frames_on_video_grid(3) == 1);
+  CATCH_CHECK(frames_on_video_grid(1) == 1);
+  CATCH_CHECK(frames_on_video_grid(1024) == 1021);  // the config's bound
+  for (int n = 1; n <= 1024; ++n) {
+    const int f = frames_on_video_grid(n);
+    CATCH_CHECK((f - 1) % 4 == 0);
+    CATCH_CHECK(std::abs(f - n) <= 3);
+  }
+
+  lt::config::JobConfig job = lt::config::parse_config_text(
+      "job: extension\nconfig:\n  name: grid\n  process:\n    - type: sd_trainer\n      training_folder: out\n"
+      "      model:\n        name_or_path: /models/wan\n        arch: wan21\n"
+      "      datasets:\n        - folder_path: a\n          num_frames: 40\n        - folder_path: b\n"
+      "          num_frames: 2\n        - folder_path: c\n          num_frames: 17\n        - folder_path: d\n"
+      "      sample:\n        num_frames: 40\n",
+      "grid.yaml");
+  auto& p = lt::config::the_process(job);
+  const auto notes = put_frames_on_video_grid(p);
+  CATCH_CHECK(p.datasets[0].num_frames == 41);
+  CATCH_CHECK(p.datasets[1].num_frames == 5);  // still a clip dataset
+  CATCH_CHECK(p.datasets[2].num_frames == 17);
+  CATCH_CHECK(p.datasets[3].num_frames == 1);   // images
+  CATCH_CHECK(p.sample.num_frames == 41);
+  CATCH_REQUIRE(notes.size() == 3);
+  CATCH_CHECK(notes[0].rfind("datasets.0.num_frames: 40 is not of the form 4k+1", 0) == 0);
+  CATCH_CHECK(notes[0].find("using 41, as diffusers' WanPipeline rounds it") != std::string::npos);
+  CATCH_CHECK(notes[1].rfind("datasets.1.num_frames: 2 ", 0) == 0);
+  CATCH_CHECK(notes[2].rfind("sample.num_frames: 40 ", 0) == 0);
+  CATCH_CHECK(put_frames_on_video_grid(p).empty());  // on the grid now
 }
 
 CATCH_TEST_CASE("memory settings: config round trip", "[playbook]") {

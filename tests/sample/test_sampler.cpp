@@ -73,6 +73,7 @@ CATCH_TEST_CASE("every sampler reaches the data point with an exact denoiser", "
       {SamplerKind::kEuler, sd_config(), PredictionType::kVPrediction},
       {SamplerKind::kEuler, euler_karras, PredictionType::kEpsilon},
       {SamplerKind::kFlowMatch, default_scheduler_config("wan"), PredictionType::kFlow},
+      {SamplerKind::kUniPC, default_scheduler_config("wan"), PredictionType::kFlow},
   };
   for (const auto& c : cases) {
     CATCH_INFO(to_string(c.kind) << " " << to_string(c.pred) << " " << c.config.dump());
@@ -198,7 +199,23 @@ CATCH_TEST_CASE("scheduler construction and names", "[sample][scheduler]") {
   CATCH_CHECK(sampler_kind_from_name("k_euler") == SamplerKind::kEuler);
   CATCH_CHECK(sampler_kind_from_name("flowmatch") == SamplerKind::kFlowMatch);
   CATCH_CHECK(sampler_kind_from_name("FlowMatchEulerDiscreteScheduler") == SamplerKind::kFlowMatch);
+  CATCH_CHECK(sampler_kind_from_name("unipc") == SamplerKind::kUniPC);
+  CATCH_CHECK(sampler_kind_from_name("UniPCMultistepScheduler") == SamplerKind::kUniPC);
   CATCH_CHECK_THROWS_WITH(sampler_kind_from_name("euler_a"), Catch::Contains("not implemented"));
+  // UniPC is the flow-sigmas one only (Wan's); an SD config is refused with the reason.
+  CATCH_CHECK_THROWS_WITH(make_scheduler(SamplerKind::kUniPC, sd_config()), Catch::Contains("use_flow_sigmas: true"));
+  auto unipc = make_scheduler_from_config(default_scheduler_config("wan"));
+  CATCH_CHECK(unipc->class_name() == std::string("UniPCMultistepScheduler"));
+  unipc->set_timesteps(4);
+  CATCH_CHECK(unipc->timesteps().scalar_type() == torch::kInt64);
+  CATCH_CHECK(unipc->timesteps()[0].item<int64_t>() == 999);  // sigma 1 - 1e-6, truncated
+  // Multistep: the steps come in order.
+  const auto z = torch::zeros({1, 4, 2, 2});
+  CATCH_CHECK_THROWS_WITH(unipc->step(z, 1, z), Catch::Contains("out of order"));
+  unipc->step(z, 0, z);
+  unipc->step(z, 1, z);
+  unipc->set_timesteps(4);
+  CATCH_CHECK_NOTHROW(unipc->step(z, 0, z));
   CATCH_CHECK_THROWS_WITH(sampler_kind_from_name("dim"), Catch::Contains("did you mean 'ddim'"));
 
   // A model's PNDM config carries over to DDIM like diffusers' from_config.

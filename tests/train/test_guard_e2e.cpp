@@ -6,6 +6,8 @@
 #include <chrono>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "loratrain/config/config.h"
 #include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/fixes.h"
@@ -192,6 +194,61 @@ CATCH_TEST_CASE("injected allocation failures lose nothing: the LoRA is bit-iden
   auto lb = read_all(root / "faulty" / "faults" / "faults.safetensors");
   CATCH_REQUIRE(la.size() == lb.size());
   for (const auto& [name, t] : la) CATCH_CHECK(torch::equal(t, lb.at(name)));
+}
+
+CATCH_TEST_CASE("a step that fails twice is reported in its own bucket both times, not in the next batch's",
+                "[guard][e2e]") {
+  auto root = lt::test::scratch_dir("guard_context");
+  auto metrics_buckets = [](const std::filesystem::path& run) {
+    std::vector<nlohmann::json> buckets;  // [width, height] per completed step
+    std::ifstream in(run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      buckets.push_back(nlohmann::json::array({j.at("width"), j.at("height")}));
+    }
+    return buckets;
+  };
+  const int steps = 6;
+  lt::train::RunRequest clean;
+  clean.config_path = lt::test::write_tiny_config(root / "clean", "context", steps, "", kReactive + "        simulate_vram: 2GiB\n");
+  auto a = lt::train::run_training(clean);
+  CATCH_REQUIRE(a.exit_code == 0);
+  const auto buckets = metrics_buckets(root / "clean" / "context");
+  CATCH_REQUIRE(buckets.size() == static_cast<size_t>(steps));
+  // A step whose next batch lies in another bucket (the tiny data set's wide and square images).
+  int failing = 0;
+  for (int s = 1; s < steps && failing == 0; ++s) {
+    if (buckets[s - 1] != buckets[s]) failing = s;
+  }
+  CATCH_REQUIRE(failing > 0);
+
+  // The same run with that step's first two attempts failing (two allocation failures in a row).
+  lt::train::RunRequest faulty;
+  faulty.config_path = lt::test::write_tiny_config(root / "faulty", "context", steps, "", kReactive + "        simulate_vram: 2GiB\n");
+  faulty.on_step_start = [&](int64_t step, lt::memory::DeviceMemory& memory) {
+    auto* cpu = dynamic_cast<lt::memory::CpuMemory*>(&memory);
+    if (cpu != nullptr && step == failing) cpu->allocator().fail_next_allocations(2, 8192);
+  };
+  auto b = lt::train::run_training(faulty);
+  CATCH_REQUIRE(b.exit_code == 0);
+  const auto report = read_json(root / "faulty" / "context" / "report.json");
+  CATCH_INFO("failing step " << failing << ", buckets " << nlohmann::json(buckets).dump() << "\n"
+                             << report.at("attempts").dump(1));
+  CATCH_REQUIRE(report.at("attempts").size() == 2);
+  for (const auto& attempt : report.at("attempts")) {
+    CATCH_CHECK(attempt.at("phase") == "train_step");
+    CATCH_CHECK(attempt.at("step") == failing);
+    CATCH_CHECK(attempt.at("bucket") == buckets[failing - 1]);
+  }
+  // The log line of each retry names that bucket too.
+  std::ifstream log_file(root / "faulty" / "context" / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  const std::string where = fmt::format("OOM in phase train_step(step {}, bucket {}x{}", failing, buckets[failing - 1][0].get<int>(),
+                                        buckets[failing - 1][1].get<int>());
+  size_t lines = 0;
+  for (size_t at = log.find(where); at != std::string::npos; at = log.find(where, at + 1)) ++lines;
+  CATCH_CHECK(lines == 2);
+  CATCH_CHECK(a.losses == b.losses);
 }
 
 CATCH_TEST_CASE("memory held by something else: warned, classified environment, exit 4 fast", "[guard][e2e]") {

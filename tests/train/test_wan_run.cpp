@@ -13,13 +13,16 @@
 #include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/fixes.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/io/video.h"
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
+#include "loratrain/models/registry.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/wan/checkpoint.h"
 #include "loratrain/train/demo_base.h"
 #include "loratrain/train/diffusion_model.h"
 #include "loratrain/train/objective.h"
+#include "loratrain/train/preview.h"
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/error.h"
 #include "train_fixture.h"
@@ -67,17 +70,26 @@ std::set<std::string> stems(const fs::path& path) {
 CATCH_TEST_CASE("Wan 2.1: the ComfyUI files train a LoRA with previews; musubi/ComfyUI names map to the native weights",
                 "[train][e2e][wan]") {
   auto root = lt::test::scratch_dir(lt::test::per_program("wan_run"));
-  auto result = lt::train::run_training(wan_run(root, "wn", 4));
+  // Previews with WanPipeline's own UniPC; 6 frames are not 4k+1: rounded to 5 as diffusers does.
+  auto result = lt::train::run_training(wan_run(root, "wn", 4, {"sample.sampler=unipc", "sample.num_frames=6"}));
   CATCH_REQUIRE(result.exit_code == 0);
   CATCH_REQUIRE(result.losses.size() == 4);
   for (double loss : result.losses) CATCH_CHECK(std::isfinite(loss));
   const auto run = root / "wn";
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000000.png"));
   CATCH_CHECK(fs::exists(run / "samples" / "grid_000000002.png"));
-  // sample.num_frames 5: each preview is also an animated WebP of its 5 frames.
+  // Each preview is also an animated WebP of its 5 frames.
   size_t webp = 0;
-  for (const auto& e : fs::directory_iterator(run / "samples")) webp += e.path().extension() == ".webp";
+  for (const auto& e : fs::directory_iterator(run / "samples")) {
+    if (e.path().extension() != ".webp") continue;
+    ++webp;
+    CATCH_CHECK(lt::io::probe_video(e.path()).frame_count == 5);
+  }
   CATCH_CHECK(webp == 3);
+  std::ifstream log_file(run / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), std::istreambuf_iterator<char>());
+  CATCH_CHECK_THAT(log, Catch::Contains("sample.num_frames: 6 is not of the form 4k+1"));
+  CATCH_CHECK_THAT(log, Catch::Contains("using 5, as diffusers' WanPipeline rounds it"));
 
   auto file = lt::io::SafetensorsFile::open(run / "wn.safetensors");
   CATCH_CHECK(file->metadata().at("ss_base_model_version") == "wan21");
@@ -103,6 +115,13 @@ CATCH_TEST_CASE("Wan 2.1: the ComfyUI files train a LoRA with previews; musubi/C
   }
   // And it reads back into the same modules (lora-train sample, resuming from a LoRA).
   CATCH_CHECK(lt::lora::module_dims_from_file(*file, {lt::lora::ComponentSpec::wan_transformer()}).size() == 20);
+  // `lora-train inspect` calls the diffusion_model. modules the transformer, as for the PEFT names.
+  CATCH_CHECK(lt::lora::inspect_lora(*file).modules_by_component == std::map<std::string, size_t>{{"transformer", 20}});
+  CATCH_CHECK_THAT(lt::lora::describe(lt::lora::inspect_lora(*file)), Catch::Contains("20 modules [transformer (20)]"));
+  const auto detected = lt::models::detect_checkpoint(*file);
+  CATCH_REQUIRE(detected.components.size() == 1);
+  CATCH_CHECK(detected.components[0].name == "transformer");
+  CATCH_CHECK(detected.components[0].tensors == static_cast<int64_t>(file->tensors().size()));
 }
 
 CATCH_TEST_CASE("Wan 2.1: save_format diffusers writes AI Toolkit's PEFT names, which name the diffusers modules",
@@ -127,6 +146,7 @@ CATCH_TEST_CASE("Wan 2.1: save_format diffusers writes AI Toolkit's PEFT names, 
   // Both layouts read back into the same modules.
   const auto spec = lt::lora::ComponentSpec::wan_transformer();
   CATCH_CHECK(lt::lora::module_dims_from_file(*file, {spec}).size() == 20);
+  CATCH_CHECK(lt::lora::inspect_lora(*file).modules_by_component == std::map<std::string, size_t>{{"transformer", 20}});
 }
 
 CATCH_TEST_CASE("Wan 2.1: clips [B, 3, F, H, W] encode to 5-D latents, predict and train; images are 1-frame clips",
@@ -164,6 +184,26 @@ CATCH_TEST_CASE("Wan 2.1: clips [B, 3, F, H, W] encode to 5-D latents, predict a
   auto rng = lt::sample::make_generator(5);
   const at::Tensor loss = lt::train::training_loss(*model, objective, z, c, rng);
   CATCH_CHECK(std::isfinite(loss.item<double>()));
+}
+
+CATCH_TEST_CASE("preview samplers: unipc samples Wan; a family whose scheduler config has no flow sigmas refuses it",
+                "[train][wan]") {
+  lt::train::ModelTraits traits;
+  traits.objective = lt::train::Objective::flow_matching;
+  traits.family = lt::playbook::ModelFamily::kWan;
+  traits.scheduler_config = "wan";
+  CATCH_CHECK(lt::train::sampler_for_model(traits, "unipc") == "unipc");
+  CATCH_CHECK(lt::train::sampler_for_model(traits, "flowmatch") == "flowmatch");
+  traits.family = lt::playbook::ModelFamily::kFlux;
+  traits.scheduler_config = "flux";
+  CATCH_CHECK_THROWS_WITH(lt::train::sampler_for_model(traits, "unipc"),
+                          Catch::Contains("sample.sampler: unipc cannot sample flux") &&
+                              Catch::Contains("use_flow_sigmas: true"));
+  traits.objective = lt::train::Objective::ddpm;
+  traits.family = lt::playbook::ModelFamily::kSD1;
+  traits.scheduler_config = "sd15";
+  CATCH_CHECK_THROWS_WITH(lt::train::sampler_for_model(traits, "unipc"),
+                          Catch::Contains("unipc samples flow-matching models"));
 }
 
 CATCH_TEST_CASE("Wan 2.1: incomplete ComfyUI setups get one error naming each missing file", "[train][wan]") {
@@ -240,29 +280,41 @@ int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
   return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
 }
 
+// A run on the clips under `root`/clips at their size, `frames` per clip (dataset and previews),
+// with the guard's memory section `memory` (attention already chunked: the guard's first, exact
+// lever, so the frames are the next one).
+lt::train::RunRequest clip_run(const fs::path& root, const std::string& name, int steps, int frames, int size,
+                               const std::string& memory, std::vector<std::string> extra) {
+  lt::train::RunRequest r;
+  r.config_path = lt::test::write_tiny_config(
+      root, name, steps, "", "        attention_chunk: 256\n        oom_guard:\n          plan: false\n" + memory);
+  r.overrides = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
+                 "datasets.0.folder_path=" + (root / "clips").string(), "datasets.0.num_frames=" + std::to_string(frames),
+                 "datasets.0.resolution=[" + std::to_string(size) + "]", "train.batch_size=1",
+                 "sample.num_frames=" + std::to_string(frames)};
+  r.overrides.insert(r.overrides.end(), extra.begin(), extra.end());
+  return r;
+}
+
+void make_clips(const fs::path& dir, int count, int size, int frames) {
+  lt::data::DemoVideoOptions clips;
+  clips.count = count;
+  clips.size = size;
+  clips.min_frames = frames;
+  clips.max_frames = frames;
+  lt::data::make_demo_video_dataset(dir, clips);
+}
+
 }  // namespace
 
 CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, the guard reduces the frames first and the "
                 "run completes; diagnose reads the video spike and names the same next step",
                 "[train][e2e][guard][wan][slow]") {
   const auto root = lt::test::scratch_dir(lt::test::per_program("wan_guard"));
-  lt::data::DemoVideoOptions clips;
-  clips.count = 2;
-  clips.size = 256;
-  clips.min_frames = 33;
-  clips.max_frames = 33;
-  lt::data::make_demo_video_dataset(root / "clips", clips);
-  // Attention already chunked (the guard's first, exact lever), so the frames are the next one.
-  const std::string memory = "        attention_chunk: 256\n        oom_guard:\n          plan: false\n";
+  make_clips(root / "clips", 2, 256, 33);
+  // Clips encoded in the step (the tiny VAE's peak would otherwise be the cache phase's).
   auto request = [&](const std::string& name, int steps, int frames, const std::string& budget) {
-    lt::train::RunRequest r;
-    r.config_path = lt::test::write_tiny_config(root, name, steps, "", memory + budget);
-    r.overrides = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
-                   "datasets.0.folder_path=" + (root / "clips").string(), "datasets.0.num_frames=" + std::to_string(frames),
-                   "datasets.0.resolution=[256]", "train.batch_size=1", "sample.num_frames=" + std::to_string(frames),
-                   // Clips encoded in the step (the tiny VAE's peak would otherwise be the cache phase's).
-                   "datasets.0.cache_latents=false"};
-    return r;
+    return clip_run(root, name, steps, frames, 256, budget, {"datasets.0.cache_latents=false"});
   };
   // One step of each length with the guard on and no budget: the peaks per phase.
   CATCH_REQUIRE(lt::train::run_training(request("calib33", 1, 33, "")).exit_code == 0);
@@ -290,4 +342,47 @@ CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: 33 frames at 256x256 exceed it, t
   const auto fixes = lt::diagnose::plan_fixes(diagnosis);
   CATCH_REQUIRE_FALSE(fixes.empty());
   CATCH_CHECK(fixes.front().id == "num_frames");
+}
+
+CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: a clip's encode while caching latents exceeds it, the guard takes the video "
+                "rung (frames first) and the run completes",
+                "[train][e2e][guard][wan]") {
+  const auto root = lt::test::scratch_dir(lt::test::per_program("wan_cache_guard"));
+  make_clips(root / "clips", 1, 128, 33);
+  // Latents cached in memory only, so every run encodes its clips.
+  auto request = [&](const std::string& name, int frames, const std::string& budget) {
+    return clip_run(root, name, 1, frames, 128, budget,
+                    {"datasets.0.cache_latents=true", "datasets.0.cache_latents_to_disk=false"});
+  };
+  // The peaks per phase of each clip length with no budget: caching 33 frames is the run's peak.
+  CATCH_REQUIRE(lt::train::run_training(request("calib33", 33, "")).exit_code == 0);
+  CATCH_REQUIRE(lt::train::run_training(request("calib17", 17, "")).exit_code == 0);
+  const auto long_clips = read_report(root / "calib33"), short_clips = read_report(root / "calib17");
+  const int64_t cache33 = phase_peak(long_clips, "cache");
+  int64_t floor = phase_peak(short_clips, "cache");
+  for (const char* phase : {"load", "train_step"}) floor = std::max(floor, phase_peak(long_clips, phase));
+  CATCH_INFO("cache peak 33 frames " << cache33 << ", floor (load, step, 17-frame cache) " << floor);
+  CATCH_REQUIRE(cache33 > floor);
+  const int64_t budget = floor + (cache33 - floor) / 2;
+
+  const auto result = lt::train::run_training(request("cache_spike", 33, "        simulate_vram: " + std::to_string(budget) + "\n"));
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 1);
+  const auto report = read_report(root / "cache_spike");
+  CATCH_INFO(report.at("attempts").dump(1));
+  CATCH_REQUIRE(report.at("attempts").size() == 1);
+  const auto& attempt = report.at("attempts")[0];
+  CATCH_CHECK(attempt.at("phase").get<std::string>() == "cache");
+  CATCH_CHECK(attempt.at("classification").get<std::string>() == "video_spike");
+  CATCH_CHECK(attempt.at("action").get<std::string>() == "reduce_frames");
+  CATCH_REQUIRE(result.actions.size() == 1);
+  CATCH_CHECK(result.actions[0] == "datasets.num_frames: 33 -> 17, sample.num_frames: 33 -> 17");
+  CATCH_CHECK(attempt.at("frames").get<int>() == 33);
+  CATCH_CHECK(report.at("final_settings").at("num_frames").get<int>() == 17);
+  std::ifstream log(root / "cache_spike" / "log.txt");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CATCH_CHECK_THAT(text, Catch::Contains("OOM in phase cache("));
+  CATCH_CHECK_THAT(text, Catch::Contains("video_spike"));
+  const auto diagnosis = lt::diagnose::diagnose_path((root / "cache_spike" / "log.txt").string());
+  CATCH_CHECK(diagnosis.phase == lt::diagnose::Phase::kVideoSpike);
 }

@@ -64,6 +64,8 @@ class BatchIterator {
 
   // The batch at the current position; calling it again gives the identical batch.
   Batch current() const;
+  // The batch at `position` (what current() gives there), the position left as it is.
+  Batch at(BatchPosition position) const;
   void advance();  // to the next batch, rolling over into the next epoch
   Batch next();    // current(), then advance()
 

@@ -14,6 +14,9 @@ namespace lt::models {
 // (value = e4m3(code) * scale, scale = max|row| / 448; kept as bytes and decoded through a
 // 256-entry table, so it works on LibTorch builds without float8 types).
 enum class WeightQuantization { int8, fp8_e4m3 };
+// The 8-bit float formats an fp8 checkpoint stores (safetensors F8_E4M3 / F8_E5M2): which 256-entry
+// table decodes a Linear's byte codes.
+enum class Fp8Format { e4m3fn, e5m2 };
 
 // A trainable delta added to a frozen leaf's output. The adapter is not a registered submodule of
 // the base model: base checkpoints keep their exact key sets, and the LoRA network owns adapters.
@@ -37,10 +40,10 @@ class LinearImpl : public torch::nn::Module {
   // `weight` becomes an empty placeholder; the base weight never trains.
   void quantize_int8();
   void quantize(WeightQuantization format);  // quantize_int8() or the fp8 e4m3 codes
-  // Takes an fp8 checkpoint's e4m3fn byte codes [out, in] and fp32 scales [out, 1] (1 for plain fp8
-  // files, ComfyUI's scale_weight for scaled ones) as the frozen weight, as stored: the state
-  // quantize(fp8_e4m3) leaves, without a widened copy.
-  void set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale);
+  // Takes an fp8 checkpoint's byte codes [out, in] (e4m3fn or e5m2) and fp32 scales [out, 1] (1 for
+  // plain fp8 files, ComfyUI's scale_weight for scaled ones) as the frozen weight, as stored: for
+  // e4m3fn the state quantize(fp8_e4m3) leaves, without a widened copy.
+  void set_fp8_weight(const torch::Tensor& codes, const torch::Tensor& scale, Fp8Format format = Fp8Format::e4m3fn);
   bool quantized() const { return weight_int8.defined(); }
   // Module::to, but a quantized weight's scales stay fp32 whatever the dtype (a bf16 scale would
   // round every weight of its row).
@@ -55,6 +58,7 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor bias;    // [out] or undefined
   torch::Tensor weight_int8;   // [out, in] int8, or uint8 fp8 codes, when quantized (a buffer, not a checkpoint key)
   torch::Tensor weight_scale;  // [out, 1] fp32 when quantized
+  Fp8Format fp8_format = Fp8Format::e4m3fn;  // the format of uint8 codes in weight_int8
   std::shared_ptr<Adapter> adapter;
   // A frozen adapter that belongs to the base while training (AI Toolkit's assistant LoRA, e.g.
   // FLUX.1-schnell's training adapter): added like `adapter`, never trained or saved.
@@ -87,6 +91,8 @@ int64_t quantize_linear_layers(torch::nn::Module& root, WeightQuantization forma
 // The value of each fp8 e4m3fn byte code (sign, 4 exponent bits with bias 7, 3 mantissa bits; the
 // two NaN codes read as 0), float32 [256].
 const torch::Tensor& fp8_e4m3_table();
+// The same for e5m2 (sign, 5 exponent bits with bias 15, 2 mantissa bits; inf and NaN codes read as 0).
+const torch::Tensor& fp8_e5m2_table();
 // x (float) -> the nearest e4m3fn codes (uint8), saturating at +-448.
 torch::Tensor fp8_e4m3_encode(const torch::Tensor& x);
 

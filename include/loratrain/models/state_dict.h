@@ -39,7 +39,7 @@ struct LoadOptions {
   // For a key (after rename) that is not stored as is: the module tensors derived from it, given
   // the file tensor's shape; an empty result means the key maps one to one.
   std::function<std::vector<DerivedTensor>(const std::string& key, const std::vector<int64_t>& shape)> derive;
-  // A Linear weight stored as float8 e4m3fn stays in 8 bits: its byte codes (through `make`, e.g.
+  // A Linear weight stored as float8 (e4m3fn or e5m2) stays in 8 bits: its byte codes (through `make`, e.g.
   // the rows of a fused qkv) and scale become the Linear's fp8 weight (LinearImpl::set_fp8_weight),
   // never widened. For frozen bases that train with model.quantize (qfloat8).
   bool keep_fp8_linear_weights = false;

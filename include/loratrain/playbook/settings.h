@@ -82,4 +82,11 @@ int reduced_frames(int frames);
 // The inverse step, capped at `cap`.
 int increased_frames(int frames, int cap);
 
+// A frame count put on the 4k+1 grid as diffusers' WanPipeline rounds num_frames: 4 * (frames / 4)
+// + 1 (40 -> 41, 34 -> 33, 2 -> 1); past the config's bound of 1024 it rounds down (1024 -> 1021).
+int frames_on_video_grid(int frames);
+// A video model's datasets[].num_frames and sample.num_frames put on that grid. A dataset's count
+// above 1 stays a clip count (2 or 3 -> 5, not 1). Returns one line per key it changed, for the log.
+std::vector<std::string> put_frames_on_video_grid(config::ProcessConfig& p);
+
 }  // namespace lt::playbook

@@ -5,7 +5,8 @@
 // (keys verbatim; keys another class uses are ignored, as diffusers' from_config does).
 //
 // Unlike diffusers, step() takes the step *index* into timesteps() rather than a timestep value,
-// and keeps no hidden step counter: a scheduler is immutable between set_timesteps() calls.
+// and keeps no hidden step counter: a scheduler is immutable between set_timesteps() calls, except
+// the multistep UniPC, which remembers its previous steps (they must come in order).
 #pragma once
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -259,17 +260,70 @@ class FlowMatchEulerDiscreteScheduler final : public Scheduler {
   double sigma_min_ = 0, sigma_max_ = 1;  // of the training schedule, as float32 values
 };
 
+// ---- UniPC multistep with flow sigmas (Wan) ----
+
+// The part of diffusers' UniPCMultistepScheduler the Wan pipelines use: use_flow_sigmas with a
+// static flow_shift, flow_prediction with predict_x0, the B(h) predictor/corrector of order
+// solver_order. The VP (beta schedule) variants and dynamic shifting are refused at load.
+struct UniPCMultistepSchedulerConfig {
+  int64_t num_train_timesteps = 1000;
+  int64_t solver_order = 2;
+  double flow_shift = 1.0;
+  std::string solver_type = "bh2";             // or "bh1"
+  bool lower_order_final = true;
+  std::string final_sigmas_type = "zero";      // or "sigma_min"
+  std::vector<int64_t> disable_corrector;      // step indices whose corrector is skipped
+
+  // Reads a diffusers scheduler config; the keys of features left out must keep their defaults
+  // (use_flow_sigmas must be true and prediction_type flow_prediction).
+  static UniPCMultistepSchedulerConfig from_json(const nlohmann::json& j);
+  nlohmann::json to_json() const;
+};
+
+// Multistep: step(i) uses the model outputs of the steps before it, so after set_timesteps() the
+// steps must come in order 0, 1, 2, ... (a step out of order throws). Timesteps are int64: the
+// shifted sigma * num_train_timesteps truncated, as diffusers casts them.
+class UniPCMultistepScheduler final : public Scheduler {
+ public:
+  explicit UniPCMultistepScheduler(const UniPCMultistepSchedulerConfig& config = {});
+  const char* class_name() const override { return "UniPCMultistepScheduler"; }
+  const UniPCMultistepSchedulerConfig& config() const { return config_; }
+  // options.sigmas: unshifted sigmas to use instead of linspace(1, 1/T, N + 1)[:-1]; mu is refused.
+  void set_timesteps(int64_t num_inference_steps, const TimestepOptions& options = {}) override;
+  StepOutput step(const at::Tensor& model_output, int64_t step_index, const at::Tensor& sample,
+                  at::Generator* generator = nullptr) const override;
+  PredictionType prediction_type() const override { return PredictionType::kFlow; }
+  void set_prediction_type(PredictionType p) override;
+  int64_t num_train_timesteps() const override { return config_.num_train_timesteps; }
+  nlohmann::json config_json() const override;
+
+ private:
+  // (x, order) -> x at the next sigma (UniP), or the corrected x at this sigma (UniC).
+  at::Tensor predictor(const at::Tensor& x, int64_t i, int64_t order) const;
+  at::Tensor corrector(const at::Tensor& model_x0, const at::Tensor& last_sample, const at::Tensor& this_sample,
+                       int64_t i, int64_t order) const;
+  at::Tensor lambda(int64_t sigma_index) const;  // log(alpha) - log(sigma), alpha = 1 - sigma
+
+  UniPCMultistepSchedulerConfig config_;
+  // The multistep history, reset by set_timesteps (newest last).
+  mutable std::vector<at::Tensor> model_outputs_;
+  mutable at::Tensor last_sample_;
+  mutable int64_t lower_order_nums_ = 0;
+  mutable int64_t this_order_ = 0;
+  mutable int64_t next_step_ = 0;
+};
+
 // ---- Construction ----
 
 // The samplers users name in configs (AI Toolkit `sample.sampler` / `train.noise_scheduler`,
 // kohya `--sample_sampler`).
-enum class SamplerKind { kDDPM, kDDIM, kEuler, kFlowMatch };
+enum class SamplerKind { kDDPM, kDDIM, kEuler, kFlowMatch, kUniPC };
 // "ddpm", "ddim", "euler" (also "k_euler"), "flowmatch" (also "flow_match", "flowmatch_euler"),
-// or a diffusers class name. Names of samplers the reference tools know but this project does not
+// "unipc" (flow sigmas only), or a diffusers class name. Names of samplers the reference tools know but this project does not
 // implement (euler_a, dpmsolver, lms, pndm, heun, ...) and unknown names throw lt::InputError
 // listing the supported ones.
 SamplerKind sampler_kind_from_name(std::string_view name);
-const char* to_string(SamplerKind k);  // "ddpm", "ddim", "euler", "flowmatch"
+const char* to_string(SamplerKind k);  // "ddpm", "ddim", "euler", "flowmatch", "unipc"
 
 // Builds `kind` from a diffusers scheduler config (possibly another class's, e.g. the model's
 // PNDMScheduler config: shared keys carry over, like diffusers' X.from_config(other.config)).
@@ -282,7 +336,8 @@ std::unique_ptr<Scheduler> load_scheduler(const std::filesystem::path& scheduler
 
 // The reference scheduler config of a model family: "sd15" (and "sd15_v" / "sd2_v" for
 // v-prediction), "sdxl", "flux" (FLUX.1-dev: dynamic shifting), "flux_schnell" (shift 1),
-// "wan" (shift 5, Wan 2.1 T2V sample_shift).
+// "wan" (Wan 2.1's diffusers UniPC config, flow_shift 3, with the flow-match Euler shift 3 of
+// AI Toolkit's Wan 2.1 beside it).
 nlohmann::json default_scheduler_config(std::string_view family);
 
 }  // namespace lt::sample

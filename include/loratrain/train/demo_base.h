@@ -14,12 +14,21 @@ enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell, kWan21 };
 // images show shapes and colours instead of noise: first the VAE as an autoencoder of shapes in random
 // colours, then the UNet on the diffusion loss over captioned shapes in the caption palette (never the
 // demo's concept colour, data::kDemoConceptColour), conditioned by the seeded random CLIP text encoder,
-// which is not trained (its features already tell the words apart).
+// which is not trained (its features already tell the words apart). The pretrained base is written as
+// a diffusers folder: its vae/ and unet/ configs carry norm_num_groups, which a single file cannot
+// (single-file loaders assume 32 groups, which at the tiny widths of 32-128 channels normalises every
+// one or two channels on their own, leaving an absolute colour few other channels to survive as a
+// ratio against; fewer groups let the VAE learn colours faster, measured in docs/benchmarks.md).
 struct DemoPretrainOptions {
   bool enabled = false;
+  int norm_groups = 1;   // GroupNorm groups of the VAE and the UNet
   int images = 512;      // captioned 64x64 shape images (the autoencoder gets as many of its own)
-  int vae_steps = 200;   // batches of vae_batch
-  int vae_batch = 8;
+  int vae_steps = 1500;  // batches of vae_batch
+  int vae_batch = 16;
+  // The autoencoder's training images (square, pixels; a multiple of 8): 32 costs a quarter of 64 per
+  // image and learned faster for the CPU time than 64 did, though it decodes 64x64 images worse than
+  // it fits its own (docs/benchmarks.md).
+  int vae_image_size = 32;
   int unet_steps = 500;  // batches of unet_batch
   int unet_batch = 16;
 };

@@ -1,5 +1,7 @@
 #include "loratrain/models/sd/vae.h"
 
+#include <cmath>
+
 #include <torch/torch.h>
 
 #include <map>
@@ -344,7 +346,11 @@ at::Tensor AutoencoderKLImpl::decode_one(const at::Tensor& latent) {
 int64_t AutoencoderKLImpl::tile_latent_for(int64_t h, int64_t w) const {
   const int64_t side = std::max(h, w);
   if (side > tile_latent_min_size) return tile_latent_min_size;
-  const int64_t half = std::max(kMinTileLatent, (side + 1) / 2);
+  // Half the side, rounded up until the tiles step by whole latent cells (a multiple of 4 for the
+  // 0.25 overlap): otherwise the joined tiles miss the image's size (a 92-cell side tiled by 46
+  // joined to 93).
+  int64_t half = std::max(kMinTileLatent, (side + 1) / 2);
+  while (std::fmod(static_cast<double>(half) * (1 - tile_overlap_factor), 1.0) != 0.0) ++half;
   return half < side ? half : 0;
 }
 

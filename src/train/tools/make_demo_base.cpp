@@ -1,5 +1,6 @@
 // lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell|wan21] [--diffusers] [--seed N] [--full-size]
-//                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N]]:
+//                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N] [--norm-groups N]
+//                   [--vae-image-size N]]:
 // writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
 // shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
@@ -26,12 +27,16 @@ int main(int argc, char** argv) {
                "instead of the tiny demo model");
   auto& pre = options.pretrain;
   app.add_flag("--pretrain", pre.enabled,
-               "train the tiny SD1 base on generated shapes (VAE, then UNet and text encoder; a few minutes on 2 cores) "
-               "so that its images show shapes instead of noise");
+               "train the tiny SD1 base on generated shapes (VAE, then UNet; a few minutes on 2 cores) so that its "
+               "images show shapes instead of noise; written as a diffusers folder");
   app.add_option("--pretrain-images", pre.images, "captioned shape images to pretrain on")->capture_default_str();
   app.add_option("--vae-steps", pre.vae_steps, "autoencoder steps (batches of " + std::to_string(pre.vae_batch) + ")")
       ->capture_default_str();
-  app.add_option("--unet-steps", pre.unet_steps, "UNet and text encoder steps (batches of " + std::to_string(pre.unet_batch) + ")")
+  app.add_option("--vae-image-size", pre.vae_image_size, "size of the autoencoder's square training images (multiple of 8)")
+      ->capture_default_str();
+  app.add_option("--unet-steps", pre.unet_steps, "UNet steps (batches of " + std::to_string(pre.unet_batch) + ")")
+      ->capture_default_str();
+  app.add_option("--norm-groups", pre.norm_groups, "GroupNorm groups of the pretrained VAE and UNet (divides 32)")
       ->capture_default_str();
   app.add_option("--dtype", dtype, "dtype of the written weights")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))

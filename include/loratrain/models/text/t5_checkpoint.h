@@ -42,7 +42,7 @@ T5Config detect_t5_config(const io::SafetensorsFile& file, const std::string& ro
 // multiplied out); nullopt keeps fp32. The model is built directly in that dtype. In fp16 the `wo`
 // projections stay fp32, as transformers keeps them (_keep_in_fp32_modules), so the feed-forward
 // output and the residual stream after it do not overflow fp16.
-// `keep_fp8`: Linear weights stored as fp8 e4m3fn stay 8-bit codes (LoadOptions::keep_fp8_linear_weights).
+// `keep_fp8`: Linear weights stored as fp8 (e4m3fn, e5m2) stay 8-bit codes (LoadOptions::keep_fp8_linear_weights).
 T5EncoderModel load_t5_encoder(const io::SafetensorsFile& file, const std::string& root,
                                std::optional<at::ScalarType> dtype = std::nullopt,
                                std::optional<T5Config> config = std::nullopt, bool keep_fp8 = false);
