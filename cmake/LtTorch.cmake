@@ -46,3 +46,25 @@ endfunction()
 # Data-parallel training on CUDA uses c10d's NCCL backend: on by default in CUDA builds (the
 # PyTorch wheels ship it). Untested so far (docs/distributed.md).
 option(LT_WITH_NCCL "Build the NCCL path of data-parallel training (CUDA builds)" ${LT_WITH_CUDA})
+
+# at::parallel_for is inline: it runs its loop on LibTorch's OpenMP threads only in a file compiled
+# with OpenMP, and serially otherwise. lt_enable_intra_op_threads(target source) compiles one
+# source with OpenMP, which then shares LibTorch's own OpenMP runtime (Debian's LibTorch links the
+# system libgomp). A PyTorch wheel brings its own renamed libgomp: a second runtime would make a
+# second thread pool, so there the loop stays serial.
+file(GLOB LT_TORCH_BUNDLED_GOMP "${TORCH_INSTALL_PREFIX}/lib/libgomp*")
+find_package(OpenMP COMPONENTS CXX)
+if(OpenMP_CXX_FOUND AND NOT LT_TORCH_BUNDLED_GOMP)
+  set(LT_INTRA_OP_THREADS ON)
+else()
+  set(LT_INTRA_OP_THREADS OFF)
+endif()
+message(STATUS "lora-train: own parallel loops on LibTorch's OpenMP threads: ${LT_INTRA_OP_THREADS}")
+function(lt_enable_intra_op_threads target source)
+  if(LT_INTRA_OP_THREADS)
+    # The shared PCH is built without OpenMP (_OPENMP changes what ATen's headers declare).
+    set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES
+      COMPILE_OPTIONS "${OpenMP_CXX_FLAGS}" SKIP_PRECOMPILE_HEADERS ON)
+    target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+  endif()
+endfunction()

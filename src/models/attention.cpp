@@ -1,5 +1,7 @@
 #include "loratrain/models/attention.h"
 
+#include "loratrain/models/attention_blocks.h"
+
 #include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
@@ -69,7 +71,9 @@ at::Tensor block_probs(const Head& h, int64_t start, int64_t len, const BlockSet
 // LibTorch 1.13 parallelises neither a batched matrix product over its batch nor OpenBLAS well
 // on these shapes (head_dim 40..160 is a thin inner dimension): heads are spread over LibTorch's
 // threads instead, each running single-threaded BLAS on its own head, with OpenBLAS's own pool
-// held at one thread meanwhile so the two pools never compete for the same cores.
+// held at one thread meanwhile so the two pools never compete for the same cores. (This file is
+// compiled with OpenMP for that: lt_enable_intra_op_threads in cmake/LtTorch.cmake; without it,
+// with a PyTorch wheel's own OpenMP runtime, the heads run one after the other.)
 class SingleThreadedBlas {
  public:
   SingleThreadedBlas() {
@@ -94,8 +98,13 @@ class SingleThreadedBlas {
 
 template <typename Fn>
 void for_each_head(int64_t n, const Fn& fn) {
+#ifdef _OPENMP
   SingleThreadedBlas blas;
+#endif
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    // Autograd's thread-local state does not follow into LibTorch's worker threads: without this
+    // the block products would be recorded (and refuse their out= arguments) there.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (int64_t i = begin; i < end; ++i) fn(i);
   });
 }
@@ -169,10 +178,8 @@ struct BlockedAttention : public torch::autograd::Function<BlockedAttention> {
   }
 };
 
-// Query rows per block: the caller's chunk, at least 16 rows. Smaller blocks would fit the cache
-// but run slower: with a 40..160-wide inner dimension, BLAS repacks k for every block
-// (measured on 2 cores, SD1.5 64x64 latents, one head per thread: 256 rows 4.2 s, 1024 rows
-// 2.4 s per layer forward + backward, plain attention 2.4 s).
+// Query rows per block: the caller's chunk, at least 16 rows (below that the per-block overhead
+// dominates: 32 rows ran slower than 64 and 128 in the measurement of attention_blocks.h).
 int64_t block_rows(int64_t limit) { return std::max<int64_t>(16, limit); }
 
 }  // namespace
@@ -187,7 +194,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // q, k, v: [B, H, L, D] -> [B * H, L, D]; scores in fp32 when upcast.
   const int64_t b = q.size(0), heads = q.size(1), lk = k.size(-2), d = q.size(-1), dv = v.size(-1);
   const at::ScalarType score_dtype = options.upcast ? at::kFloat : q.scalar_type();
-  const int64_t chunk = options.query_chunk;
+  const int64_t chunk = query_block_rows(lq, options.query_chunk, q.device().is_cpu());
   if (chunk <= 0 || chunk >= lq) return attend(q, k, v, scale, mask, options.upcast, 0, options.causal);
   const at::Tensor q3 = q.to(score_dtype).reshape({b * heads, lq, d}).contiguous();
   const at::Tensor k3 = k.to(score_dtype).reshape({b * heads, lk, d}).contiguous();

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "loratrain/models/attention_blocks.h"
 #include "loratrain/playbook/vocabulary.h"
 
 namespace lt::plan {
@@ -58,7 +59,13 @@ struct Compute {
   bool vae_tiling = false;
   int threads = 1;              // attention chunks run one head per thread, each with its own block
   int adapter_rank = 4;         // LoRA's rank-wide intermediates
-  bool host = false;            // computing on the CPU: LibTorch's CPU kernels' own buffers count
+  bool host = false;            // computing on the CPU: LibTorch's CPU kernels' own buffers count, long
+                                // sequences run blocked on some CPUs (models/attention_blocks.h)
+
+  // Query rows per attention block over `query_rows` queries; 0 or >= query_rows: plain attention.
+  int64_t query_block(int64_t query_rows) const {
+    return models::query_block_rows(query_rows, attention_chunk, host);
+  }
 };
 
 class Architecture {

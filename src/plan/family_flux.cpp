@@ -122,9 +122,10 @@ int64_t FluxArchitecture::training_activations(const Shape& s, const Compute& c)
   const int64_t L = image_tokens(s), T = text_tokens(), S = L + T;
   const int64_t e = c.bytes;
   const bool half = e < 4;  // the RMSNorm, rotary and LoRA fp32 copies exist only in 16-bit compute
-  const bool chunked = c.attention_chunk > 0 && c.attention_chunk < S;
+  const int64_t block_rows = c.query_block(S);
+  const bool chunked = block_rows > 0 && block_rows < S;
   const int64_t probs = chunked ? 0 : b * heads * S * S * e;
-  const int64_t chunk_work = int64_t(std::max(1, c.threads)) * c.attention_chunk * S * 2 * e;
+  const int64_t chunk_work = int64_t(std::max(1, c.threads)) * block_rows * S * 2 * e;
   const int64_t rank_wide = int64_t(c.adapter_rank) * 4 * 2;  // per token and adapted Linear: down's output and its scaled copy
   auto units = [&](int64_t tokens, int64_t at_e, int64_t at_fp32) { return b * tokens * d * (at_e * e + (half ? at_fp32 * 4 : 0)); };
 
@@ -171,11 +172,12 @@ int64_t FluxArchitecture::inference_activations(const Shape& s, const Compute& c
   const int64_t b = s.batch, d = config_.inner_dim(), heads = config_.num_attention_heads;
   const int64_t L = image_tokens(s), T = text_tokens(), S = L + T;
   const int64_t e = c.bytes;
-  const bool chunked = c.attention_chunk > 0 && c.attention_chunk < S;
+  const int64_t block_rows = c.query_block(S);
+  const bool chunked = block_rows > 0 && block_rows < S;
   const int64_t n = b * S * d;
   // Scores and probabilities (or one block of them per thread) beside q, k, v and the streams;
   // or a single block's MLP projection, its GELU and the concatenation.
-  const int64_t attention = chunked ? int64_t(std::max(1, c.threads)) * c.attention_chunk * S * 2 : 2 * b * heads * S * S;
+  const int64_t attention = chunked ? int64_t(std::max(1, c.threads)) * block_rows * S * 2 : 2 * b * heads * S * S;
   const int64_t worst = std::max<int64_t>(attention + 6 * n, 16 * n);
   return (2 * n + worst) * e + 2 * S * config_.attention_head_dim * 4;
 }

@@ -98,11 +98,12 @@ std::vector<BlockCost> SDArchitecture::transformer(int64_t b, size_t level, int6
   const int64_t heads = unet_.attention_head_dim.at(level);
   const int64_t depth = unet_.transformer_layers_per_block.at(level);
   const int64_t n = b * hw * c;
-  const bool chunked = comp.attention_chunk > 0 && comp.attention_chunk < hw;
+  const int64_t block_rows = comp.query_block(hw);
+  const bool chunked = block_rows > 0 && block_rows < hw;
   const int64_t probs_self = b * heads * hw * hw;
   const int64_t probs_cross = b * heads * hw * kContextTokens;
   // A chunked attention holds one block of scores (and in backward its gradient) per thread.
-  const int64_t chunk_work = int64_t(std::max(1, comp.threads)) * comp.attention_chunk * hw * 2;
+  const int64_t chunk_work = int64_t(std::max(1, comp.threads)) * block_rows * hw * 2;
   const int64_t rank_wide = b * hw * comp.adapter_rank;
 
   std::vector<BlockCost> out;

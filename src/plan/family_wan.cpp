@@ -109,7 +109,8 @@ int64_t WanArchitecture::training_activations(const Shape& s, const Compute& c) 
   const int64_t L = tokens(s), T = kTextTokens;
   const int64_t e = c.bytes;
   const bool half = e < 4;  // the norms' and LoRA's fp32 copies exist only in 16-bit compute
-  const bool chunked = c.attention_chunk > 0 && c.attention_chunk < L;
+  const int64_t block_rows = c.query_block(L);
+  const bool chunked = block_rows > 0 && block_rows < L;
   const int64_t probs = chunked ? 0 : b * heads * L * (L + T) * e;
   const int64_t rank_wide = int64_t(c.adapter_rank) * 4;  // per token and adapted Linear: down's fp32 output
 
@@ -129,7 +130,7 @@ int64_t WanArchitecture::training_activations(const Shape& s, const Compute& c) 
   // Backward: the self-attention probabilities' gradient beside them (or one block per thread);
   // the cross-attention's, with the gradients of its text-sized k and v; or the FFN's
   // ffn_dim-wide gradients with their fp32 residual-stream neighbours.
-  const int64_t chunk_work = int64_t(std::max(1, c.threads)) * c.attention_chunk * (L + T) * 3 * e;
+  const int64_t chunk_work = int64_t(std::max(1, c.threads)) * block_rows * (L + T) * 3 * e;
   const int64_t self_grad = chunked ? chunk_work : 2 * b * heads * L * L * e;
   const int64_t cross_grad = (chunked ? chunk_work : 2 * b * heads * L * T * e) + 3 * b * T * d * e;
   const int64_t transient = std::max({self_grad, cross_grad, b * L * (2 * f * e + 4 * d * 4)});
@@ -148,14 +149,15 @@ int64_t WanArchitecture::inference_activations(const Shape& s, const Compute& c)
   const int64_t b = s.batch, d = config_.inner_dim(), f = config_.ffn_dim, heads = config_.num_attention_heads;
   const int64_t L = tokens(s), T = kTextTokens;
   const int64_t e = c.bytes;
-  const bool chunked = c.attention_chunk > 0 && c.attention_chunk < L;
+  const int64_t block_rows = c.query_block(L);
+  const bool chunked = block_rows > 0 && block_rows < L;
   const int64_t n = b * L * d;
   const int64_t threads = std::max(1, c.threads);
   // The busiest moment of a block beside its input and fp32 residual sum: self-attention's scores
   // and probabilities (or one block of them per thread) with q, k, v and their copies; the
   // cross-attention's over the text, with its text-sized k and v; or the FFN's two ffn_dim-wide tensors.
-  const int64_t self = (chunked ? threads * c.attention_chunk * L * 2 : 2 * b * heads * L * L) + 5 * n;
-  const int64_t cross = (chunked ? threads * c.attention_chunk * T * 2 : 2 * b * heads * L * T) + 3 * b * T * d + 4 * n;
+  const int64_t self = (chunked ? threads * block_rows * L * 2 : 2 * b * heads * L * L) + 5 * n;
+  const int64_t cross = (chunked ? threads * block_rows * T * 2 : 2 * b * heads * L * T) + 3 * b * T * d + 4 * n;
   const int64_t ffn = 2 * b * L * f + 3 * n;
   const int64_t worst = std::max({self, cross, ffn}) * e + 2 * n * 4;
   // Around the blocks: the text states (the cached umT5 embedding, its projection), the rotary

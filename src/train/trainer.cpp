@@ -30,6 +30,7 @@
 #include "loratrain/lora/network.h"
 #include "loratrain/memory/device_memory.h"
 #include "loratrain/memory/guard.h"
+#include "loratrain/models/attention_blocks.h"
 #include "loratrain/models/layers.h"
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
@@ -513,6 +514,10 @@ void Trainer::settle_cpu_dtype() {
     } else {
       spdlog::info("train.dtype bf16 on the CPU: native bf16 path ({})", isa);
     }
+  }
+  if (device_.is_cpu() && models::cpu_blocks_long_sequences()) {
+    spdlog::info("attention on this CPU: sequences of {}+ tokens in blocks of at most {} query rows (faster than "
+                 "the plain path here)", models::kCpuLongSequence, models::kCpuQueryBlock);
   }
   model_options_.dtype = dtype_;
 }

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "loratrain/models/attention.h"
+#include "loratrain/models/attention_blocks.h"
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/util/error.h"
@@ -165,6 +166,43 @@ CATCH_TEST_CASE("chunked attention with gradients: recomputed per chunk, same va
     CATCH_INFO("tensor " << i);
     CATCH_CHECK((plain[i] - chunked[i]).abs().max().item<double>() <= 1e-5);
   }
+  // The heads run on LibTorch's worker threads, whose autograd state is their own: the block
+  // products there must not be recorded (they write into preallocated outputs).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto threaded = grads(10);
+  at::set_num_threads(threads);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    CATCH_INFO("tensor " << i << " on 2 threads");
+    CATCH_CHECK((plain[i] - threaded[i]).abs().max().item<double>() <= 1e-5);
+  }
+}
+
+CATCH_TEST_CASE("long sequences on the CPU: the default path computes softmax(q k^T / sqrt(d)) v and its gradients",
+                "[attention]") {
+  // 2048 queries: where lt::models::query_block_rows may pick blocks although no chunk is configured.
+  torch::manual_seed(5);
+  const int64_t rows = lt::models::kCpuLongSequence;
+  auto make = [&] { return torch::randn({1, 2, rows, 8}).set_requires_grad(true); };
+  at::Tensor q = make(), k = make(), v = make();
+  at::Tensor weight = torch::randn({1, 2, rows, 8});
+  auto grads = [&](bool by_hand) {
+    for (auto* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
+    at::Tensor out = by_hand ? at::softmax(at::matmul(q, k.transpose(-1, -2)) / std::sqrt(8.0), -1).matmul(v)
+                             : lt::models::attention(q, k, v);
+    (out * weight).sum().backward();
+    return std::vector<at::Tensor>{out.detach(), q.grad().clone(), k.grad().clone(), v.grad().clone()};
+  };
+  const auto expected = grads(true);
+  const auto actual = grads(false);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CATCH_INFO("tensor " << i);
+    CATCH_CHECK((expected[i] - actual[i]).abs().max().item<double>() <= 1e-5 * std::max(1.0, expected[i].abs().max().item<double>()));
+  }
+  CATCH_CHECK(lt::models::query_block_rows(rows, 0, /*on_cpu=*/false) == 0);
+  CATCH_CHECK(lt::models::query_block_rows(rows - 1, 0, /*on_cpu=*/true) == 0);
+  CATCH_CHECK(lt::models::query_block_rows(rows, 4096, /*on_cpu=*/true) ==
+              (lt::models::cpu_blocks_long_sequences() ? lt::models::kCpuQueryBlock : 4096));
 }
 
 CATCH_TEST_CASE("gradient checkpointing gives the same gradients for inputs, weights and adapters", "[unet][checkpointing]") {
