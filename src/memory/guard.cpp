@@ -219,15 +219,7 @@ Decision OomGuard::follow(const Decision& agreed, const std::optional<Decision>&
     spdlog::warn("oom-guard: the ranks agreed on another rank's change: {}", agreed.action.description);
     return agreed;
   }
-  Failure f;
-  if (last_failure_) {
-    f = *last_failure_;
-  } else {
-    f.phase = frames_.empty() ? Phase::load : frames_.back().phase;
-    f.where = frames_.empty() ? PhaseContext{} : frames_.back().where;
-    f.at_exit = snapshot(memory_);
-  }
-  last_failure_.reset();
+  const Failure f = take_failure();
   if (agreed.rethrow()) return agreed;  // the guard is off: every rank ends with the error
   AttemptRecord rec;
   rec.attempt = static_cast<int>(attempts_.size()) + 1;
@@ -256,6 +248,21 @@ Decision OomGuard::follow(const Decision& agreed, const std::optional<Decision>&
   return finish(std::move(d), std::move(rec), t0);
 }
 
+// The failure being recovered from: the one the unwinding scope recorded, or, when it failed
+// outside any scope that unwound, the innermost open phase's. Either way it is consumed.
+OomGuard::Failure OomGuard::take_failure() {
+  Failure f;
+  if (last_failure_) {
+    f = *last_failure_;
+  } else {
+    f.phase = frames_.empty() ? Phase::load : frames_.back().phase;
+    f.where = frames_.empty() ? PhaseContext{} : frames_.back().where;
+    f.at_exit = snapshot(memory_);
+  }
+  last_failure_.reset();
+  return f;
+}
+
 Decision OomGuard::recover_here(std::exception_ptr error) {
   const auto t0 = std::chrono::steady_clock::now();
   OomInfo info = inspect_failure(error);
@@ -265,16 +272,7 @@ Decision OomGuard::recover_here(std::exception_ptr error) {
     return d;  // rethrow
   }
 
-  Failure f;
-  if (last_failure_) {
-    f = *last_failure_;
-  } else {
-    // Failed outside any scope that unwound: attribute it to the innermost open phase.
-    f.phase = frames_.empty() ? Phase::load : frames_.back().phase;
-    f.where = frames_.empty() ? PhaseContext{} : frames_.back().where;
-    f.at_exit = snapshot(memory_);
-  }
-  last_failure_.reset();
+  const Failure f = take_failure();
 
   AttemptRecord rec;
   rec.attempt = static_cast<int>(attempts_.size()) + 1;

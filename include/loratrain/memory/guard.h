@@ -273,6 +273,7 @@ class OomGuard {
 
   void exit_phase(size_t depth, bool failed);
   Decision recover_here(std::exception_ptr error);
+  Failure take_failure();
   // Applies another rank's decision to this rank's state; `own` when this rank failed too.
   Decision follow(const Decision& agreed, const std::optional<Decision>& own, std::chrono::steady_clock::time_point t0);
   bool is_largest_bucket(const PhaseContext& where) const;
