@@ -111,38 +111,60 @@ int64_t WanArchitecture::training_activations(const Shape& s, const Compute& c) 
   const bool half = e < 4;  // the norms' and LoRA's fp32 copies exist only in 16-bit compute
   const int64_t block_rows = c.query_block(L);
   const bool chunked = block_rows > 0 && block_rows < L;
-  const int64_t probs = chunked ? 0 : b * heads * L * (L + T) * e;
+  const int64_t self_probs = chunked ? 0 : b * heads * L * L * e;
+  const int64_t cross_probs = chunked ? 0 : b * heads * L * T * e;
   const int64_t rank_wide = int64_t(c.adapter_rank) * 4;  // per token and adapted Linear: down's fp32 output
+  // RMSNorm (q and k of both attentions) computes mean(x^2): where autograd's mean keeps its input,
+  // the fp32 square of each of the four stays beside x (three image-wide, the text-sized k).
+  const int64_t rms_squares = c.mean_keeps_input ? b * (3 * L + T) * d * 4 : 0;
 
-  // Image-token-wide tensors a block keeps. fp32 compute: the norm's modulated output, q and k
-  // before their RMSNorm and after it (scaled / rotated), v, the attention output (7 in self-attention);
-  // the cross-attention's norm input and output, q twice and its output (5); the FFN norm's input
-  // and output (2). 16-bit: 9 of those in the compute dtype and 13 fp32 copies (the three norms'
-  // inputs, the RMSNorms' inputs, LoRA's inputs of six Linears).
-  int64_t saved = half ? b * L * d * (9 * e + 13 * 4) : b * L * d * 14 * e;
-  // The FFN's projection and its GELU (ffn_dim wide); 16-bit: LoRA's fp32 copy of the GELU.
-  saved += b * L * f * (2 * e + (half ? 4 : 0));
-  // The cross-attention's k (before and after its RMSNorm) and v over the text; 16-bit: RMSNorm's
-  // and LoRA's (k, v) fp32 copies instead of k before its norm.
-  saved += half ? b * T * d * (2 * e + 3 * 4) : b * T * d * 3 * e;
-  saved += probs + b * (8 * L + 2 * T) * rank_wide;
+  // What a block keeps, by the order backward releases it (the counts are those of the CPU runs'
+  // allocations). The FFN: its norm's fp32 input and the modulated output LoRA reads (fp32), the
+  // projection and its GELU (ffn_dim wide; 16-bit: LoRA's fp32 copy of the GELU). The
+  // cross-attention: the norm's input and output, q before its RMSNorm and scaled, its output
+  // (16-bit: fp32 copies of four, the scaled q); over the text: k before and after its RMSNorm and
+  // v (16-bit: RMSNorm's and LoRA's fp32 copies instead of k before its norm), the probabilities.
+  // The self-attention: the rest of the 14 image-wide tensors (16-bit: 15 in all, 3 in the compute
+  // dtype, 12 fp32 copies), its probabilities, LoRA's rank-wide outputs.
+  const int64_t ffn_saved = b * L * d * 8 + b * L * f * (2 * e + (half ? 4 : 0));
+  const int64_t cross_saved = (half ? b * L * d * (4 * 4 + e) : b * L * d * 5 * e) +
+                              (half ? b * T * d * (2 * e + 3 * 4) : b * T * d * 3 * e) + cross_probs +
+                              (c.mean_keeps_input ? b * (L + T) * d * 4 : 0);
+  int64_t saved = (half ? b * L * d * (3 * e + 12 * 4) : b * L * d * 14 * e) + b * L * f * (2 * e + (half ? 4 : 0)) +
+                  (half ? b * T * d * (2 * e + 3 * 4) : b * T * d * 3 * e);
+  saved += self_probs + cross_probs + rms_squares + b * (8 * L + 2 * T) * rank_wide;
   const int64_t output = b * L * d * e;
-  // Backward: the self-attention probabilities' gradient beside them (or one block per thread);
-  // the cross-attention's, with the gradients of its text-sized k and v; or the FFN's
-  // ffn_dim-wide gradients with their fp32 residual-stream neighbours.
+  // Backward goes through a block's FFN first (its two ffn_dim-wide gradients; 16-bit: fp32
+  // residual-stream neighbours), with everything the block saved still held; then the
+  // cross-attention, whose gradients come after the FFN's saved tensors are gone: the
+  // probabilities' gradient beside the probabilities, with v's text-sized gradient (or, after it,
+  // the softmax's own), and the image-wide gradient of q; then the self-attention (its
+  // probabilities' gradient beside them, or one block per thread), after the cross-attention's
+  // are gone too. The incoming gradient (image-wide) is there throughout.
   const int64_t chunk_work = int64_t(std::max(1, c.threads)) * block_rows * (L + T) * 3 * e;
-  const int64_t self_grad = chunked ? chunk_work : 2 * b * heads * L * L * e;
-  const int64_t cross_grad = (chunked ? chunk_work : 2 * b * heads * L * T * e) + 3 * b * T * d * e;
-  const int64_t transient = std::max({self_grad, cross_grad, b * L * (2 * f * e + 4 * d * 4)});
+  const int64_t self_grad = chunked ? chunk_work : std::max(self_probs + output, 2 * self_probs);
+  const int64_t cross_grad =
+      (chunked ? chunk_work + b * T * d * e : std::max(cross_probs + b * T * d * e, 2 * cross_probs)) + output;
+  const int64_t ffn_grad = b * L * (2 * f * e + (half ? 4 * d * 4 : 0));
+  const int64_t backward =
+      output + std::max({ffn_grad, cross_grad - ffn_saved, self_grad - ffn_saved - cross_saved});
 
-  // Around the blocks: the patch embedding's tokens, the text states (the cached umT5 embedding
-  // and its projection), the rotary tables (fp32 cos and sin), the final norm and projection, and
-  // the flow-matching loss's latent-sized tensors.
+  // Around the blocks: the text states (the cached umT5 embedding and its projection) and the
+  // rotary tables (fp32 cos and sin) all along; at the end of the forward, the patch embedding's
+  // tokens, the final norm and projection, and the flow-matching loss's latent-sized tensors (by
+  // backward only the loss's gradient and the prediction are left).
   const int64_t latents = b * config_.in_channels * latent_frames(s) * (s.height / 8) * (s.width / 8);
-  const int64_t outer = b * L * d * (e + 2 * 4) + b * T * (config_.text_dim + d) * e +
-                        2 * L * config_.attention_head_dim * 4 + 6 * latents * 4;
-  if (c.checkpointing) return outer + config_.num_layers * output + saved + output + transient;
-  return outer + config_.num_layers * (saved + output) + transient;
+  const int64_t states = b * T * (config_.text_dim + d) * e + 2 * L * config_.attention_head_dim * 4;
+  const int64_t forward_end = states + b * L * d * (e + 2 * 4) + 6 * latents * 4;
+  const int64_t backward_around = states + 2 * latents * 4;
+  if (c.checkpointing) {
+    // Every block keeps only its input; backward recomputes one block at a time, its output held
+    // while that block's backward runs.
+    return std::max(forward_end + (config_.num_layers + 1) * output,
+                    backward_around + (config_.num_layers + 1) * output + saved + backward);
+  }
+  // Backward starts with the last block's FFN, every block's saved tensors still held.
+  return std::max(forward_end, backward_around + backward) + config_.num_layers * (saved + output);
 }
 
 int64_t WanArchitecture::inference_activations(const Shape& s, const Compute& c) const {

@@ -15,6 +15,7 @@
 #include "loratrain/config/model_path.h"
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/memory/compat.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
@@ -235,6 +236,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   c.threads = std::max(1u, std::thread::hardware_concurrency());
   c.adapter_rank = adapter_.linear_rank;
   c.host = on_cpu_;
+  c.mean_keeps_input = memory::compat::kMeanKeepsInput;
 
   const bool quantized = s.quantize != Quantize::none;
   const int64_t denoiser_full = params.denoiser * wb;

@@ -42,6 +42,11 @@ inline const char* default_cuda_alloc_conf() {
 #endif
 }
 
+// What autograd keeps, where the versions differ (the planner counts it). 1.13's generated
+// backward of mean over a dimension saves its input (for the element count), so an RMSNorm
+// written as x * rsqrt(mean(x^2)) keeps x^2 beside x; 2.x saves only the count.
+inline constexpr bool kMeanKeepsInput = TORCH_VERSION_MAJOR < 2;
+
 }  // namespace lt::memory::compat
 
 // c10::Allocator changed shape: 1.13 has `DataPtr allocate(size_t) const`; 2.3+ has a non-const
