@@ -29,6 +29,9 @@ struct Parameters {
   // The text encoders' largest Linear weight: what quantize_te converts one at a time (their
   // largest tensor, a token embedding, stays as it is). 0: largest_text_tensor stands in.
   int64_t largest_text_linear = 0;
+  // The text encoders' token and position embeddings: quantize_te converts Linears only, so these
+  // stay in the compute dtype (0 where a family does not count them apart).
+  int64_t text_embeddings = 0;
   int64_t adapter = 0;          // LoRA down + up (+ alpha) over every targeted module
   int64_t adapter_modules = 0;
 };

@@ -358,6 +358,9 @@ void count_file(const io::SafetensorsFile& file, const models::Detection& d, Cou
       if (t.shape.size() == 2 && !ends_with(t.name, "embedding.weight")) {
         out.params.largest_text_linear = std::max(out.params.largest_text_linear, n);
       }
+      if (ends_with(t.name, "embedding.weight") || ends_with(t.name, "positional_embedding")) {
+        out.params.text_embeddings += n;
+      }
     } else if (component == "vae") {
       out.params.vae += n;
       out.params.largest_vae_tensor = std::max(out.params.largest_vae_tensor, n);
@@ -403,6 +406,7 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     counted.params.largest_denoiser_linear = 1280 * 10240;  // the GEGLU projection of the widest blocks
     counted.params.largest_text_tensor = 49408 * counted.text_widths.back();
     counted.params.largest_text_linear = 4 * counted.text_widths.back() * counted.text_widths.back();  // the MLP's fc1
+    for (int64_t width : counted.text_widths) counted.params.text_embeddings += (49408 + 77) * width;
     counted.params.largest_vae_tensor = 512 * 512 * 9;
     if (sd2) {
       unet.attention_head_dim = {5, 10, 20, 20};

@@ -245,7 +245,10 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
       quantized ? (params.denoiser - params.denoiser_linear) * wb + params.denoiser_linear + params.denoiser_linear / 250
                 : denoiser_full;
   const int64_t text_full = params.text_encoders * wb;
-  const int64_t text_resident = quantized && quantize_text_encoder_ ? params.text_encoders + params.text_encoders / 250 : text_full;
+  const int64_t text_quantizable = params.text_encoders - params.text_embeddings;
+  const int64_t text_resident = quantized && quantize_text_encoder_
+                                    ? text_quantizable + text_quantizable / 250 + params.text_embeddings * wb
+                                    : text_full;
   const int64_t vae = params.vae * 4;  // the VAE runs in fp32
   const int64_t adapter = params.adapter * 4;
   const int64_t grads = adapter;
