@@ -11,10 +11,6 @@
 #include "loratrain/models/attention_blocks.h"
 #include "loratrain/playbook/vocabulary.h"
 
-namespace lt::io {
-class SafetensorsFile;
-}
-
 namespace lt::plan {
 
 // Parameter counts (elements) of the frozen base and of the adapter.
@@ -90,17 +86,11 @@ class Architecture {
   // guided preview's two branches one after the other (sample::sample), so no family does.
   virtual bool guidance_doubles_batch() const { return false; }
   // Whether the family turns the denoiser's Linear weights into fp8 codes on the host right after
-  // building it (model.quantize with qfloat8), before the text encoders and the VAE load.
+  // building it (model.quantize with qfloat8), before the text encoders and the VAE load (Flux, Wan).
   virtual bool quantizes_fp8_while_loading() const { return false; }
   virtual int latent_downscale() const { return 8; }
   virtual int bucket_divisibility() const { return 16; }  // bucket sides are multiples of this
 };
-
-// Adds the weights under `prefix` in `file` to a component's totals (elements): all of them, the
-// largest tensor, and the 2-D `.weight` matrices into `linear` when given. The tokenizer bytes a
-// ComfyUI umT5 file carries and fp8 scales are not weights.
-void count_weights(const io::SafetensorsFile& file, const std::string& prefix, int64_t& total, int64_t& largest,
-                   int64_t* linear = nullptr);
 
 // Where the shapes come from: a checkpoint on this machine, or nothing (the family's standard config).
 struct ModelSource {

@@ -22,6 +22,7 @@
 
 #include "architecture.h"
 #include "autoencoder_kl.h"
+#include "checkpoint_headers.h"
 #include "t5_encoder.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/lora/network.h"
@@ -263,28 +264,13 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
     const fs::path& dir = *source.checkpoint;
     config = FluxConfig::from_json(models::sd::read_component_config(dir / "transformer"),
                                    (dir / "transformer" / "config.json").string());
-    for (const auto& file : models::open_component_weights(dir / "transformer")) {
-      count_weights(*file, "", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
-    }
-    if (fs::exists(dir / "text_encoder_2")) {
-      for (const auto& file : models::open_component_weights(dir / "text_encoder_2")) {
-        count_weights(*file, "", p.text_encoders, p.largest_text_tensor);
-        t5_shapes(*file, "", text);
-      }
-      have_text = true;
-    }
-    if (fs::exists(dir / "text_encoder")) {
-      for (const auto& file : models::open_component_weights(dir / "text_encoder")) {
-        count_weights(*file, "", p.text_encoders, p.largest_text_tensor);
-        clip_shapes(*file, text);
-      }
-      have_clip = true;
-    }
-    if (fs::exists(dir / "vae")) {
-      vae = VAEConfig::from_json(models::sd::read_component_config(dir / "vae"));
-      count_weights(*io::SafetensorsFile::open(models::sd::diffusers_component_weights(dir / "vae")), "", p.vae, p.largest_vae_tensor);
-      have_vae = true;
-    }
+    count_component(dir / "transformer", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
+    have_text = count_component(dir / "text_encoder_2", p.text_encoders, p.largest_text_tensor, nullptr,
+                                [&](const io::SafetensorsFile& file) { t5_shapes(file, "", text); });
+    have_clip = count_component(dir / "text_encoder", p.text_encoders, p.largest_text_tensor, nullptr,
+                                [&](const io::SafetensorsFile& file) { clip_shapes(file, text); });
+    if (fs::is_directory(dir / "vae")) vae = VAEConfig::from_json(models::sd::read_component_config(dir / "vae"));
+    have_vae = count_component(dir / "vae", p.vae, p.largest_vae_tensor);
   } else if (source.checkpoint) {
     auto file = io::SafetensorsFile::open(*source.checkpoint);
     const std::string root = file->contains(std::string(models::flux::kComfyTransformerRoot) + "img_in.weight")

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "architecture.h"
+#include "checkpoint_headers.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/models/sd/load.h"
@@ -58,6 +59,8 @@ class WanArchitecture final : public Architecture {
     return t5_encode_bytes(text_, batch, kTextTokens, c.bytes);
   }
   int64_t text_embedding_elements() const override { return kTextTokens * config_.text_dim; }
+  // family_wan.cpp (train) keeps fp8 codes from the start under qfloat8, as Flux does.
+  bool quantizes_fp8_while_loading() const override { return true; }
   int latent_downscale() const override { return 8; }
   int bucket_divisibility() const override { return static_cast<int>(8 * config_.patch_size[1]); }
 
@@ -331,18 +334,12 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
     const fs::path& dir = *source.checkpoint;
     config = WanTransformerConfig::from_json(models::sd::read_component_config(dir / "transformer"),
                                              (dir / "transformer" / "config.json").string());
-    for (const auto& file : models::open_component_weights(dir / "transformer")) {
-      count_weights(*file, "", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
-    }
-    if (fs::is_directory(dir / "text_encoder")) {
-      for (const auto& file : models::open_component_weights(dir / "text_encoder")) {
-        count_weights(*file, "", p.text_encoders, p.largest_text_tensor);
-        read_t5_shape(*file, "", text);
-      }
-    }
+    count_component(dir / "transformer", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
+    count_component(dir / "text_encoder", p.text_encoders, p.largest_text_tensor, nullptr,
+                    [&](const io::SafetensorsFile& file) { read_t5_shape(file, "", text); });
     if (!vae_path && fs::is_directory(dir / "vae")) {
       vae = WanVaeConfig::from_json(models::sd::read_component_config(dir / "vae"));
-      count_weights(*io::SafetensorsFile::open(models::sd::diffusers_component_weights(dir / "vae")), "", p.vae, p.largest_vae_tensor);
+      count_component(dir / "vae", p.vae, p.largest_vae_tensor);
     }
   } else if (source.checkpoint) {
     // A bare transformer file, with the umT5 and VAE files ComfyUI keeps beside it.

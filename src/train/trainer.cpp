@@ -570,9 +570,12 @@ void Trainer::load_model() {
   // A base that trains in fp8 takes an fp8 file's Linear weights as they are stored (AI Toolkit
   // widens them to the dtype, then quantizes again).
   model_options_.keep_fp8_weights = settings_.quantize == playbook::Quantize::fp8;
-  model_options_.keep_fp8_text_weights = settings_.quantize != playbook::Quantize::none &&
-                                         p_->model.quantize_te.value_or(false) &&
-                                         text_encoder_quantization() == models::WeightQuantization::fp8_e4m3;
+  // Text encoders quantized on the host as they load, never placed widened (nor, on the low-VRAM
+  // path, loaded just to be quantized).
+  model_options_.text_quantization.reset();
+  if (settings_.quantize != playbook::Quantize::none && p_->model.quantize_te.value_or(false)) {
+    model_options_.text_quantization = text_encoder_quantization();
+  }
   model_options_.compute = compute_mode();
   model_ = load_diffusion_model(model_options_);
   spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), p_->model.name_or_path);
