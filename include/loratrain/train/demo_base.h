@@ -21,10 +21,15 @@ enum class DemoArch { kSD1, kSDXL, kFluxDev, kFluxSchnell, kWan21 };
 // ratio against; fewer groups let the VAE learn colours faster, measured in docs/benchmarks.md).
 struct DemoPretrainOptions {
   bool enabled = false;
-  int norm_groups = 1;   // GroupNorm groups of the VAE and the UNet
-  int images = 512;      // captioned 64x64 shape images (the autoencoder gets as many of its own)
+  int norm_groups = 8;   // GroupNorm groups of the VAE and the UNet
+  // VAE levels: 3 (4 pixels per latent cell) or 4 (8, SD's). Both are diffusers AutoencoderKL configs;
+  // the loaders read the factor from the VAE's config (docs/benchmarks.md: which learns within the budget).
+  int vae_levels = 3;
+  int image_size = 32;   // the diffusion model's square images (the demo's resolution), pixels
+  int images = 512;      // captioned shape images (the autoencoder gets as many of its own)
   int vae_steps = 1500;  // batches of vae_batch
   int vae_batch = 16;
+  double vae_lr = 1e-3;  // Adam's peak learning rate for the autoencoder
   // The autoencoder's training images (square, pixels; a multiple of 8): 32 costs a quarter of 64 per
   // image and learned faster for the CPU time than 64 did, though it decodes 64x64 images worse than
   // it fits its own (docs/benchmarks.md).
