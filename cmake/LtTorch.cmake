@@ -64,7 +64,9 @@ function(lt_enable_intra_op_threads target source)
   if(LT_INTRA_OP_THREADS)
     # The shared PCH is built without OpenMP (_OPENMP changes what ATen's headers declare).
     set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES
-      COMPILE_OPTIONS "${OpenMP_CXX_FLAGS}" SKIP_PRECOMPILE_HEADERS ON)
-    target_link_libraries(${target} PRIVATE OpenMP::OpenMP_CXX)
+      COMPILE_OPTIONS "${OpenMP_CXX_FLAGS}" SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
+    # The runtime library only: OpenMP::OpenMP_CXX would add -fopenmp to every source of the target,
+    # which then all compile without the PCH.
+    target_link_libraries(${target} PRIVATE ${OpenMP_CXX_LIBRARIES})
   endif()
 endfunction()

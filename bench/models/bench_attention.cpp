@@ -4,8 +4,9 @@
 // models/attention_blocks.h decides from. Best of N after one warm-up, interleaved so that a busy
 // machine slows both alike; prints ms and the ratio blocked / plain.
 //
-//   lt-bench-attention [--tokens 4096] [--heads 8] [--head-dim 40] [--threads 2] [--repeat 3]
-//   (SD1.5 at 512 px: 4096 tokens of 8 heads x 40 at the first level, 1024 tokens of 8 x 80 at the second)
+//   lt-bench-attention [--batch 1] [--tokens 4096] [--heads 8] [--head-dim 40] [--threads 2] [--repeat 3]
+//   (SD1.5 at 512 px: 4096 tokens of 8 heads x 40 at the first level, 1024 tokens of 8 x 80 at the
+//   second; the reference's tiny UNet at 256 px, batch 4: 1024 tokens of 4 heads x 4)
 #include <torch/torch.h>
 
 #include <chrono>
@@ -31,12 +32,13 @@ double seconds_of(const std::function<void()>& fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t tokens = 4096, heads = 8, head_dim = 40;
+  int64_t batch = 1, tokens = 4096, heads = 8, head_dim = 40;
   int threads = 2, repeat = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const long v = std::strtol(argv[i + 1], nullptr, 10);
-    if (a == "--tokens") tokens = v;
+    if (a == "--batch") batch = v;
+    else if (a == "--tokens") tokens = v;
     else if (a == "--heads") heads = v;
     else if (a == "--head-dim") head_dim = v;
     else if (a == "--threads") threads = static_cast<int>(v);
@@ -49,12 +51,12 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
   torch::manual_seed(0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  std::printf("attention forward + backward, %ld tokens, %ld heads x %ld, %d threads (best of %d)\n",
-              static_cast<long>(tokens), static_cast<long>(heads), static_cast<long>(head_dim), threads, repeat);
+  std::printf("attention forward + backward, batch %ld, %ld tokens, %ld heads x %ld, %d threads (best of %d)\n",
+              static_cast<long>(batch), static_cast<long>(tokens), static_cast<long>(heads), static_cast<long>(head_dim), threads, repeat);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    auto make = [&] { return torch::randn({1, heads, tokens, head_dim}).to(dtype).set_requires_grad(true); };
+    auto make = [&] { return torch::randn({batch, heads, tokens, head_dim}).to(dtype).set_requires_grad(true); };
     at::Tensor q = make(), k = make(), v = make();
-    const at::Tensor grad = torch::randn({1, heads, tokens, head_dim}).to(dtype);
+    const at::Tensor grad = torch::randn({batch, heads, tokens, head_dim}).to(dtype);
     auto plain = [&] {
       at::Tensor probs = at::softmax(at::matmul(q * scale, k.transpose(-1, -2)), -1);
       at::matmul(probs, v).backward(grad);

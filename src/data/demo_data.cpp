@@ -25,10 +25,10 @@ constexpr int kNumColours = sizeof(kColours) / sizeof(kColours[0]);
 constexpr const char* kShapes[] = {"circle", "square", "triangle"};
 
 // Half-size and centre of a shape in a width x height image, drawn from `rng`.
-struct Placement {
+struct ShapePlacement {
   double cx, cy, r;
 };
-Placement place(Rng& rng, int width, int height) {
+ShapePlacement place(Rng& rng, int width, int height) {
   const double m = std::min(width, height);
   const double r = m * (0.22 + 0.12 * rng.uniform());
   const double cx = width / 2.0 + (rng.uniform() - 0.5) * 0.6 * (width - 2.2 * r);
@@ -99,7 +99,7 @@ std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, Sh
       fg = kColours[f];
       bg = kColours[b];
     }
-    const Placement p = place(rng, size, size);
+    const ShapePlacement p = place(rng, size, size);
     ShapeImage item;
     item.image = draw(size, size, shape, fg, bg, p.cx, p.cy, p.r);
     // A quarter leave the shape's colour out, so a prompt without one still draws a (palette) colour.
@@ -138,7 +138,7 @@ std::vector<DemoItem> make_demo_dataset(const std::filesystem::path& out_dir,
     const int fg = static_cast<int>(rng.below(kNumColours));
     int bg = static_cast<int>(rng.below(kNumColours - 1));
     if (bg >= fg) ++bg;  // the background never matches the shape
-    const Placement p = place(rng, item.width, item.height);
+    const ShapePlacement p = place(rng, item.width, item.height);
     const bool concept = o.concept_every > 0 && i % o.concept_every == 0;
 
     char stem[32];

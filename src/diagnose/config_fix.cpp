@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "advice.h"
+#include "guard_ladder.h"
 #include "loratrain/diagnose/fixes.h"
 #include "loratrain/diagnose/report.h"
 #include "loratrain/util/atomic_file.h"
@@ -56,15 +57,6 @@ std::vector<int> ints_of(const YAML::Node& n) {
   }
   return out;
 }
-
-int lower_frames(int n) {
-  if (n <= 1) return 1;
-  int half = (n - 1) / 2;
-  return std::max(1, std::min((half / 4) * 4 + 1, n - 1));
-}
-
-// The chunk the OOM guard sets (src/memory/ladder.cpp kGuardAttentionChunk).
-constexpr int kGuardAttentionChunk = 1024;
 
 int lower_resolution(int r) { return r > 1024 ? 1024 : r > 768 ? 768 : r > 512 ? 512 : r; }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "guard_ladder.h"
 #include "loratrain/util/strings.h"
 
 namespace lt::diagnose {
@@ -39,14 +40,6 @@ std::string join_ints(const std::vector<int>& v) {
   for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
   o << ']';
   return o.str();
-}
-
-// Frame counts stay 4k+1 (Wan/HunyuanVideo VAE): 81 -> 41 -> 21 -> 9 -> 5 -> 1.
-int lower_frames(int n) {
-  if (n <= 1) return 1;
-  int half = (n - 1) / 2;
-  int k = (half / 4) * 4 + 1;
-  return std::max(1, std::min(k, n - 1));
 }
 
 // The resolution list without its largest entry; for a single value the next smaller standard one.
@@ -413,8 +406,7 @@ bool is_dit(ModelFamily f) {
   return f != ModelFamily::kSd15 && f != ModelFamily::kSdxl && f != ModelFamily::kUnknown;
 }
 
-// lora-train's chunk is in effect when it is at most the guard's chunk (ladder.cpp chunk_attention).
-constexpr int kGuardAttentionChunk = 1024;
+// lora-train's chunk is in effect when it is at most the guard's chunk.
 bool chunk_on(const Settings& s) { return s.attention_chunk && *s.attention_chunk > 0 && *s.attention_chunk <= kGuardAttentionChunk; }
 
 // Caching text-encoder outputs runs no VAE: tiling it would not help.

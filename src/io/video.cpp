@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& name, const std::string& why) {
+[[noreturn]] void clip_error(const std::string& name, const std::string& why) {
   throw InputError(name + ": " + why);
 }
 
@@ -130,28 +130,28 @@ class FfmpegClip {
     quiet_ffmpeg();
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
-    if (ec) fail(name_, "cannot read: " + ec.message());
-    if (size == 0) fail(name_, "empty file (0 bytes)");
+    if (ec) clip_error(name_, "cannot read: " + ec.message());
+    if (size == 0) clip_error(name_, "empty file (0 bytes)");
     AVFormatContext* raw = nullptr;
     int rc = avformat_open_input(&raw, path.c_str(), nullptr, nullptr);
-    if (rc < 0) fail(name_, "not a readable video (" + av_error(rc) + ")");
+    if (rc < 0) clip_error(name_, "not a readable video (" + av_error(rc) + ")");
     format_.reset(raw);
     rc = avformat_find_stream_info(format_.get(), nullptr);
-    if (rc < 0) fail(name_, "corrupt video: no stream information (" + av_error(rc) + ")");
+    if (rc < 0) clip_error(name_, "corrupt video: no stream information (" + av_error(rc) + ")");
     rc = av_find_best_stream(format_.get(), AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
-    if (rc < 0) fail(name_, "holds no video stream");
+    if (rc < 0) clip_error(name_, "holds no video stream");
     stream_ = format_->streams[rc];
     const AVCodec* codec = avcodec_find_decoder(stream_->codecpar->codec_id);
-    if (!codec) fail(name_, std::string("no decoder for codec '") + avcodec_get_name(stream_->codecpar->codec_id) + "'");
+    if (!codec) clip_error(name_, std::string("no decoder for codec '") + avcodec_get_name(stream_->codecpar->codec_id) + "'");
     codec_.reset(avcodec_alloc_context3(codec));
-    if (!codec_) fail(name_, "out of memory opening the decoder");
+    if (!codec_) clip_error(name_, "out of memory opening the decoder");
     avcodec_parameters_to_context(codec_.get(), stream_->codecpar);
     // A damaged packet is an error, not a silently concealed frame: the clip is then skipped.
     codec_->err_recognition |= AV_EF_EXPLODE | AV_EF_CRCCHECK;
     codec_->thread_count = 1;  // clips are small; the dataset decodes several at once
     rc = avcodec_open2(codec_.get(), codec, nullptr);
-    if (rc < 0) fail(name_, "cannot open the " + std::string(codec->name) + " decoder (" + av_error(rc) + ")");
-    if (stream_->codecpar->width <= 0 || stream_->codecpar->height <= 0) fail(name_, "video stream has no frame size");
+    if (rc < 0) clip_error(name_, "cannot open the " + std::string(codec->name) + " decoder (" + av_error(rc) + ")");
+    if (stream_->codecpar->width <= 0 || stream_->codecpar->height <= 0) clip_error(name_, "video stream has no frame size");
     rotation_ = display_rotation(stream_);
   }
 
@@ -185,7 +185,7 @@ class FfmpegClip {
     const int declared = declared_frames();
     // Generous: audio tracks and timestamp rounding make durations a little longer than the video.
     if (declared > 0 && frames < 0.75 * declared - 1)
-      fail(name_, "truncated or damaged video: " + std::to_string(frames) + " of the " + std::to_string(declared) +
+      clip_error(name_, "truncated or damaged video: " + std::to_string(frames) + " of the " + std::to_string(declared) +
                       " frames its header declares are readable");
   }
 
@@ -196,9 +196,9 @@ class FfmpegClip {
     for (;;) {
       const int rc = av_read_frame(format_.get(), pkt.get());
       if (rc == AVERROR_EOF) break;
-      if (rc < 0) fail(name_, "corrupt or truncated video (" + av_error(rc) + ")");
+      if (rc < 0) clip_error(name_, "corrupt or truncated video (" + av_error(rc) + ")");
       if (pkt->stream_index == stream_->index) {
-        if (pkt->flags & AV_PKT_FLAG_CORRUPT) fail(name_, "truncated or corrupt video (damaged packet)");
+        if (pkt->flags & AV_PKT_FLAG_CORRUPT) clip_error(name_, "truncated or corrupt video (damaged packet)");
         ++count;
       }
       av_packet_unref(pkt.get());
@@ -217,9 +217,9 @@ class FfmpegClip {
       for (;;) {
         const int rc = avcodec_receive_frame(codec_.get(), frame.get());
         if (rc == AVERROR(EAGAIN) || rc == AVERROR_EOF) return;
-        if (rc < 0) fail(name_, "undecodable video frame " + std::to_string(index) + " (" + av_error(rc) + ")");
+        if (rc < 0) clip_error(name_, "undecodable video frame " + std::to_string(index) + " (" + av_error(rc) + ")");
         if ((frame->flags & AV_FRAME_FLAG_CORRUPT) || frame->decode_error_flags)
-          fail(name_, "corrupt video frame " + std::to_string(index));
+          clip_error(name_, "corrupt video frame " + std::to_string(index));
         const bool more = on_frame(index++, frame.get());
         av_frame_unref(frame.get());
         if (!more) {
@@ -231,13 +231,13 @@ class FfmpegClip {
     while (!stop) {
       const int rc = av_read_frame(format_.get(), pkt.get());
       if (rc == AVERROR_EOF) break;
-      if (rc < 0) fail(name_, "corrupt or truncated video (" + av_error(rc) + ")");
+      if (rc < 0) clip_error(name_, "corrupt or truncated video (" + av_error(rc) + ")");
       if (pkt->stream_index == stream_->index) {
-        if (pkt->flags & AV_PKT_FLAG_CORRUPT) fail(name_, "truncated or corrupt video (damaged packet)");
+        if (pkt->flags & AV_PKT_FLAG_CORRUPT) clip_error(name_, "truncated or corrupt video (damaged packet)");
         const int sent = avcodec_send_packet(codec_.get(), pkt.get());
         av_packet_unref(pkt.get());
         if (sent < 0 && sent != AVERROR(EAGAIN))
-          fail(name_, "undecodable video data at frame " + std::to_string(index) + " (" + av_error(sent) + ")");
+          clip_error(name_, "undecodable video data at frame " + std::to_string(index) + " (" + av_error(sent) + ")");
         drain();
       } else {
         av_packet_unref(pkt.get());
@@ -254,7 +254,7 @@ class FfmpegClip {
     sws_.reset(sws_getCachedContext(sws_.release(), f->width, f->height, fmt, f->width, f->height,
                                     AV_PIX_FMT_RGB24, SWS_BICUBIC | SWS_ACCURATE_RND | SWS_FULL_CHR_H_INT,
                                     nullptr, nullptr, nullptr));
-    if (!sws_) fail(name_, std::string("cannot convert pixel format ") + (av_get_pix_fmt_name(fmt) ? av_get_pix_fmt_name(fmt) : "?"));
+    if (!sws_) clip_error(name_, std::string("cannot convert pixel format ") + (av_get_pix_fmt_name(fmt) ? av_get_pix_fmt_name(fmt) : "?"));
     int matrix = SWS_CS_ITU601;
     if (f->colorspace == AVCOL_SPC_BT709) matrix = SWS_CS_ITU709;
     if (f->colorspace == AVCOL_SPC_BT2020_NCL || f->colorspace == AVCOL_SPC_BT2020_CL) matrix = SWS_CS_BT2020;
@@ -273,7 +273,7 @@ class FfmpegClip {
     uint8_t* dst[4] = {nullptr, nullptr, nullptr, nullptr};
     int dst_stride[4] = {0, 0, 0, 0};
     if (av_image_alloc(dst, dst_stride, f->width, f->height + 1, AV_PIX_FMT_RGB24, 64) < 0)
-      fail(name_, "out of memory converting a frame");
+      clip_error(name_, "out of memory converting a frame");
     std::unique_ptr<uint8_t, void (*)(void*)> buffer(dst[0], av_free);
     sws_scale(sws_.get(), f->data, f->linesize, 0, f->height, dst, dst_stride);
     Image out(f->width, f->height);
@@ -299,17 +299,17 @@ struct AnimDecoderDeleter {
 using AnimDecoderPtr = std::unique_ptr<WebPAnimDecoder, AnimDecoderDeleter>;
 
 AnimDecoderPtr open_webp_anim(const std::string& bytes, const std::string& name, WebPAnimInfo* info) {
-  if (bytes.empty()) fail(name, "empty file (0 bytes)");
+  if (bytes.empty()) clip_error(name, "empty file (0 bytes)");
   WebPData data = {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()};
   WebPAnimDecoderOptions options;
-  if (!WebPAnimDecoderOptionsInit(&options)) fail(name, "libwebp version mismatch");
+  if (!WebPAnimDecoderOptionsInit(&options)) clip_error(name, "libwebp version mismatch");
   options.color_mode = MODE_RGBA;
   options.use_threads = 0;
   AnimDecoderPtr dec(WebPAnimDecoderNew(&data, &options));
-  if (!dec) fail(name, "truncated or corrupt animated WebP");
-  if (!WebPAnimDecoderGetInfo(dec.get(), info)) fail(name, "corrupt animated WebP");
+  if (!dec) clip_error(name, "truncated or corrupt animated WebP");
+  if (!WebPAnimDecoderGetInfo(dec.get(), info)) clip_error(name, "corrupt animated WebP");
   if (info->frame_count == 0 || info->canvas_width == 0 || info->canvas_height == 0)
-    fail(name, "animated WebP without frames");
+    clip_error(name, "animated WebP without frames");
   return dec;
 }
 
@@ -325,7 +325,7 @@ void decode_webp_anim(const std::string& bytes, const std::string& name,
     uint8_t* rgba = nullptr;
     int timestamp = 0;
     if (!WebPAnimDecoderGetNext(dec.get(), &rgba, &timestamp))
-      fail(name, "undecodable animated WebP frame " + std::to_string(index));
+      clip_error(name, "undecodable animated WebP frame " + std::to_string(index));
     if (!on_frame(index++, rgba, timestamp)) return;
   }
 }
@@ -400,7 +400,7 @@ VideoInfo probe_video(const fs::path& path, bool decode_all) {
   if (decode_all) {
     clip.decode([&](int index, const AVFrame* f) {
       if (f->width != clip.coded_width() || f->height != clip.coded_height())
-        fail(path.string(), "frame " + std::to_string(index) + " changes size (" + std::to_string(f->width) + "x" +
+        clip_error(path.string(), "frame " + std::to_string(index) + " changes size (" + std::to_string(f->width) + "x" +
                                 std::to_string(f->height) + ")");
       ++info.frame_count;
       return true;
@@ -408,7 +408,7 @@ VideoInfo probe_video(const fs::path& path, bool decode_all) {
   } else {
     info.frame_count = clip.count_packets();
   }
-  if (info.frame_count == 0) fail(path.string(), "video without frames");
+  if (info.frame_count == 0) clip_error(path.string(), "video without frames");
   clip.check_complete(info.frame_count);
   return info;
 }
@@ -445,7 +445,7 @@ std::vector<Image> read_video_frames(const fs::path& path, const std::vector<int
     });
     if (tail_index >= 0 && tail_index < last_wanted) tail = clip.to_rgb(last.get());
   }
-  if (tail_index < 0) fail(path.string(), "video without frames");
+  if (tail_index < 0) clip_error(path.string(), "video without frames");
   std::vector<Image> out;
   out.reserve(indices.size());
   for (int i : indices) {

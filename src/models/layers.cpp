@@ -59,16 +59,26 @@ const torch::Tensor& fp8_e5m2_table() {
 
 torch::Tensor fp8_e4m3_encode(const torch::Tensor& x) {
   // The positive codes 0..126 are ascending in value: find the two neighbours of |x| and keep the
-  // nearer (ties to the even code, as round-to-nearest-even does).
+  // nearer (ties to the even code, as round-to-nearest-even does). Each temporary is released as
+  // soon as it is used, and the codes are bytes from the choice on: about 32 bytes per element at
+  // the peak (the planner's fp8 workspace), not the 67 the plain expressions hold.
   const torch::Tensor positive = fp8_e4m3_table().narrow(0, 0, 127).to(x.device());
-  const torch::Tensor a = x.to(torch::kFloat).abs().clamp_max(448.0);
-  const torch::Tensor upper = torch::bucketize(a, positive).clamp(0, 126);
-  const torch::Tensor lower = (upper - 1).clamp_min(0);
-  const torch::Tensor d_upper = (positive.index_select(0, upper.flatten()).view_as(a) - a).abs();
-  const torch::Tensor d_lower = (a - positive.index_select(0, lower.flatten()).view_as(a)).abs();
-  const torch::Tensor take_lower = (d_lower < d_upper) | ((d_lower == d_upper) & (lower.remainder(2) == 0));
-  const torch::Tensor code = torch::where(take_lower, lower, upper);
-  return (code + (x < 0).to(torch::kLong) * 128).to(torch::kByte);
+  torch::Tensor upper, lower, take_lower;
+  {
+    torch::Tensor a = x.to(torch::kFloat).abs().clamp_max_(448.0);
+    upper = torch::bucketize(a, positive).clamp_(0, 126);
+    lower = (upper - 1).clamp_min_(0);
+    const torch::Tensor d_upper = positive.index_select(0, upper.flatten()).view_as(a).sub_(a).abs_();
+    const torch::Tensor d_lower = positive.index_select(0, lower.flatten()).view_as(a).sub_(a).abs_();
+    a.reset();
+    take_lower = d_lower.lt(d_upper);
+    take_lower.logical_or_(d_lower.eq(d_upper).logical_and_(lower.to(torch::kByte).bitwise_and_(1).logical_not()));
+  }
+  torch::Tensor code = torch::where(take_lower, lower.to(torch::kByte), upper.to(torch::kByte));
+  upper.reset();
+  lower.reset();
+  take_lower.reset();
+  return code.add_(x.lt(0).to(torch::kByte).mul_(128));
 }
 
 namespace {

@@ -22,6 +22,7 @@
 
 #include "architecture.h"
 #include "autoencoder_kl.h"
+#include "checkpoint_headers.h"
 #include "t5_encoder.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/lora/network.h"
@@ -190,24 +191,6 @@ int64_t FluxArchitecture::text_encode(int64_t batch, const Compute& c) const {
   return std::max(t5, clip);
 }
 
-int64_t elements(const io::TensorInfo& t) {
-  int64_t n = 1;
-  for (int64_t v : t.shape) n *= v;
-  return n;
-}
-
-// Counts the tensors under `prefix` into a component's totals.
-void count(const io::SafetensorsFile& file, const std::string& prefix, int64_t& total, int64_t& largest,
-           int64_t* linear = nullptr) {
-  for (const auto& t : file.tensors()) {
-    if (!starts_with(t.name, prefix)) continue;
-    const int64_t n = elements(t);
-    total += n;
-    largest = std::max(largest, n);
-    if (linear && t.shape.size() == 2 && ends_with(t.name, ".weight")) *linear += n;
-  }
-}
-
 void t5_shapes(const io::SafetensorsFile& file, const std::string& root, TextShapes& out) { read_t5_shape(file, root, out.t5); }
 
 void clip_shapes(const io::SafetensorsFile& file, TextShapes& out) {
@@ -281,46 +264,31 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
     const fs::path& dir = *source.checkpoint;
     config = FluxConfig::from_json(models::sd::read_component_config(dir / "transformer"),
                                    (dir / "transformer" / "config.json").string());
-    for (const auto& file : models::open_component_weights(dir / "transformer")) {
-      count(*file, "", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
-    }
-    if (fs::exists(dir / "text_encoder_2")) {
-      for (const auto& file : models::open_component_weights(dir / "text_encoder_2")) {
-        count(*file, "", p.text_encoders, p.largest_text_tensor);
-        t5_shapes(*file, "", text);
-      }
-      have_text = true;
-    }
-    if (fs::exists(dir / "text_encoder")) {
-      for (const auto& file : models::open_component_weights(dir / "text_encoder")) {
-        count(*file, "", p.text_encoders, p.largest_text_tensor);
-        clip_shapes(*file, text);
-      }
-      have_clip = true;
-    }
-    if (fs::exists(dir / "vae")) {
-      vae = VAEConfig::from_json(models::sd::read_component_config(dir / "vae"));
-      count(*io::SafetensorsFile::open(models::sd::diffusers_component_weights(dir / "vae")), "", p.vae, p.largest_vae_tensor);
-      have_vae = true;
-    }
+    count_component(dir / "transformer", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
+    have_text = count_component(dir / "text_encoder_2", p.text_encoders, p.largest_text_tensor, nullptr,
+                                [&](const io::SafetensorsFile& file) { t5_shapes(file, "", text); });
+    have_clip = count_component(dir / "text_encoder", p.text_encoders, p.largest_text_tensor, nullptr,
+                                [&](const io::SafetensorsFile& file) { clip_shapes(file, text); });
+    if (fs::is_directory(dir / "vae")) vae = VAEConfig::from_json(models::sd::read_component_config(dir / "vae"));
+    have_vae = count_component(dir / "vae", p.vae, p.largest_vae_tensor);
   } else if (source.checkpoint) {
     auto file = io::SafetensorsFile::open(*source.checkpoint);
     const std::string root = file->contains(std::string(models::flux::kComfyTransformerRoot) + "img_in.weight")
                                  ? models::flux::kComfyTransformerRoot
                                  : "";
     config = models::flux::detect_bfl_config(*file, root);
-    count(*file, root, p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
+    count_weights(*file, root, p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
     if (!root.empty()) {
       // ComfyUI's all-in-one file: the text encoders and the VAE under their roots.
       int64_t t5 = 0, clip = 0;
-      count(*file, models::flux::kComfyT5Root, t5, p.largest_text_tensor);
-      count(*file, models::flux::kComfyClipLRoot, clip, p.largest_text_tensor);
+      count_weights(*file, models::flux::kComfyT5Root, t5, p.largest_text_tensor);
+      count_weights(*file, models::flux::kComfyClipLRoot, clip, p.largest_text_tensor);
       p.text_encoders = t5 + clip;
       have_text = t5 > 0;
       have_clip = clip > 0;
       t5_shapes(*file, models::flux::kComfyT5Root, text);
       clip_shapes(*file, text);
-      count(*file, models::flux::kComfyVAERoot, p.vae, p.largest_vae_tensor);
+      count_weights(*file, models::flux::kComfyVAERoot, p.vae, p.largest_vae_tensor);
       have_vae = p.vae > 0;
       if (have_vae) vae = VAEConfig::detect_from_weights(*file, models::flux::kComfyVAERoot);
     } else {
@@ -331,17 +299,17 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
         if (!ends_with(name, ".safetensors")) continue;
         if (!have_text && starts_with(name, "t5xxl")) {
           auto t5 = io::SafetensorsFile::open(e.path());
-          count(*t5, "", p.text_encoders, p.largest_text_tensor);
+          count_weights(*t5, "", p.text_encoders, p.largest_text_tensor);
           t5_shapes(*t5, "", text);
           have_text = true;
         } else if (name == "clip_l.safetensors") {
           auto clip = io::SafetensorsFile::open(e.path());
-          count(*clip, "", p.text_encoders, p.largest_text_tensor);
+          count_weights(*clip, "", p.text_encoders, p.largest_text_tensor);
           clip_shapes(*clip, text);
           have_clip = true;
         } else if (name == "ae.safetensors" && !source.vae) {
           auto ae = io::SafetensorsFile::open(e.path());
-          count(*ae, "", p.vae, p.largest_vae_tensor);
+          count_weights(*ae, "", p.vae, p.largest_vae_tensor);
           vae = VAEConfig::detect_from_weights(*ae, "");
           have_vae = true;
         }
@@ -354,7 +322,7 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
   if (source.vae && fs::is_regular_file(*source.vae)) {
     auto file = io::SafetensorsFile::open(*source.vae);
     p.vae = p.largest_vae_tensor = 0;
-    count(*file, "", p.vae, p.largest_vae_tensor);
+    count_weights(*file, "", p.vae, p.largest_vae_tensor);
     vae = VAEConfig::detect_from_weights(*file, "");
     have_vae = true;
   }

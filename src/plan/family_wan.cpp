@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "architecture.h"
+#include "checkpoint_headers.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/models/sd/load.h"
@@ -58,6 +59,8 @@ class WanArchitecture final : public Architecture {
     return t5_encode_bytes(text_, batch, kTextTokens, c.bytes);
   }
   int64_t text_embedding_elements() const override { return kTextTokens * config_.text_dim; }
+  // family_wan.cpp (train) keeps fp8 codes from the start under qfloat8, as Flux does.
+  bool quantizes_fp8_while_loading() const override { return true; }
   int latent_downscale() const override { return 8; }
   int bucket_divisibility() const override { return static_cast<int>(8 * config_.patch_size[1]); }
 
@@ -222,28 +225,6 @@ int64_t WanArchitecture::vae_decode(const Shape& s, const Compute& c) const {
   return std::max(video + working, 3 * video);
 }
 
-int64_t elements(const io::TensorInfo& t) {
-  int64_t n = 1;
-  for (int64_t v : t.shape) n *= v;
-  return n;
-}
-
-// Counts the tensors under `prefix` into a component's totals (a ComfyUI umT5 file's tokenizer
-// bytes are not a weight).
-void count(const io::SafetensorsFile& file, const std::string& prefix, int64_t& total, int64_t& largest,
-           int64_t* linear = nullptr) {
-  for (const auto& t : file.tensors()) {
-    if (!starts_with(t.name, prefix) || ends_with(t.name, "spiece_model") || ends_with(t.name, "scale_weight") ||
-        ends_with(t.name, "scaled_fp8")) {
-      continue;
-    }
-    const int64_t n = elements(t);
-    total += n;
-    largest = std::max(largest, n);
-    if (linear && t.shape.size() == 2 && ends_with(t.name, ".weight")) *linear += n;
-  }
-}
-
 // Wan 2.1's released sizes for what is not on this machine: umT5-XXL's encoder (its 256384-token
 // embedding is the largest tensor).
 constexpr int64_t kUmt5Vocabulary = 256384;
@@ -353,25 +334,19 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
     const fs::path& dir = *source.checkpoint;
     config = WanTransformerConfig::from_json(models::sd::read_component_config(dir / "transformer"),
                                              (dir / "transformer" / "config.json").string());
-    for (const auto& file : models::open_component_weights(dir / "transformer")) {
-      count(*file, "", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
-    }
-    if (fs::is_directory(dir / "text_encoder")) {
-      for (const auto& file : models::open_component_weights(dir / "text_encoder")) {
-        count(*file, "", p.text_encoders, p.largest_text_tensor);
-        read_t5_shape(*file, "", text);
-      }
-    }
+    count_component(dir / "transformer", p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
+    count_component(dir / "text_encoder", p.text_encoders, p.largest_text_tensor, nullptr,
+                    [&](const io::SafetensorsFile& file) { read_t5_shape(file, "", text); });
     if (!vae_path && fs::is_directory(dir / "vae")) {
       vae = WanVaeConfig::from_json(models::sd::read_component_config(dir / "vae"));
-      count(*io::SafetensorsFile::open(models::sd::diffusers_component_weights(dir / "vae")), "", p.vae, p.largest_vae_tensor);
+      count_component(dir / "vae", p.vae, p.largest_vae_tensor);
     }
   } else if (source.checkpoint) {
     // A bare transformer file, with the umT5 and VAE files ComfyUI keeps beside it.
     auto file = io::SafetensorsFile::open(*source.checkpoint);
     const auto layout = models::wan::detect_transformer_layout(*file);
     config = models::wan::detect_transformer_config(*file, layout);
-    count(*file, layout.root, p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
+    count_weights(*file, layout.root, p.denoiser, p.largest_denoiser_tensor, &p.denoiser_linear);
     const fs::path dir = source.checkpoint->parent_path();
     text_path = models::find_companion(dir, {"umt5_xxl_fp16.safetensors", "umt5_xxl*", "umt5-xxl*", "umt5*"});
     if (!vae_path) vae_path = models::find_companion(dir, {"wan_2.1_vae.safetensors", "wan_2.1_vae*", "Wan2_1_VAE*", "wan2.1_vae*"});
@@ -382,14 +357,14 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
   if (text_path) {
     auto file = io::SafetensorsFile::open(*text_path);
     const std::string root = models::find_t5_encoder_root(*file);
-    count(*file, root + "encoder.", p.text_encoders, p.largest_text_tensor);
-    count(*file, root + "shared.", p.text_encoders, p.largest_text_tensor);
+    count_weights(*file, root + "encoder.", p.text_encoders, p.largest_text_tensor);
+    count_weights(*file, root + "shared.", p.text_encoders, p.largest_text_tensor);
     read_t5_shape(*file, root, text);
   }
   if (vae_path && fs::is_regular_file(*vae_path)) {
     auto file = io::SafetensorsFile::open(*vae_path);
     p.vae = p.largest_vae_tensor = 0;
-    count(*file, "", p.vae, p.largest_vae_tensor);
+    count_weights(*file, "", p.vae, p.largest_vae_tensor);
     vae = models::wan::detect_vae_config(*file);
   }
   if (p.text_encoders == 0) umt5_from_shape(text, 24, p);

@@ -29,12 +29,6 @@ Quantize quantize_from_string(const std::string& name) {
   return Quantize::none;
 }
 
-std::string yaml_list(const std::vector<int>& values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
-
 }  // namespace
 
 std::vector<int> MemorySettings::active_resolutions() const {
@@ -182,7 +176,7 @@ config::JobConfig config_with_settings(const config::JobConfig& job, const Memor
     }
     if (kept.empty() && !active.empty()) kept.push_back(active.back());
     const std::string prefix = "datasets." + std::to_string(i) + ".";
-    set(prefix + "resolution", yaml_list(kept));
+    set(prefix + "resolution", flow_list(kept));
     if (s.is_video) set(prefix + "num_frames", std::to_string(std::min(d.num_frames, s.num_frames)));
   }
   set("sample.width", std::to_string(s.sample_width));

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "families.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/models/sd/blocks.h"
 #include "loratrain/models/sd/vae.h"
 #include "loratrain/util/error.h"
@@ -31,10 +32,36 @@ std::string file_identity(const fs::path& path) {
   return fs::absolute(path).string() + ":" + std::to_string(ec ? 0 : size);
 }
 
-void place(torch::nn::Module& module, at::ScalarType dtype, c10::Device device) {
-  module.to(device, dtype);
+void quantize_and_place(torch::nn::Module& module, std::optional<models::WeightQuantization> quantization,
+                        std::optional<at::ScalarType> dtype, c10::Device device) {
   module.eval();
   for (auto& p : module.parameters()) p.set_requires_grad(false);
+  if (quantization) models::quantize_linear_layers(module, *quantization);
+  if (dtype) module.to(device, *dtype);
+  else module.to(device);
+}
+
+std::optional<models::WeightQuantization> denoiser_quantization(const ModelLoadOptions& options) {
+  if (options.keep_fp8_weights) return models::WeightQuantization::fp8_e4m3;
+  return std::nullopt;
+}
+
+int64_t quantize(torch::nn::Module& module, models::WeightQuantization format) {
+  return models::quantize_linear_layers(module, format);
+}
+
+at::Tensor encode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode, c10::Device device, const at::Tensor& pixels,
+                     std::optional<at::Generator> generator) {
+  apply_compute_mode(vae, mode);
+  torch::NoGradGuard no_grad;
+  auto dist = vae.encode(pixels.to(device, at::kFloat));
+  return vae.scale_latents(generator ? dist.sample(generator) : dist.mode());
+}
+
+at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode, c10::Device device, const at::Tensor& latents) {
+  apply_compute_mode(vae, mode);
+  torch::NoGradGuard no_grad;
+  return vae.decode(vae.unscale_latents(latents.to(device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
 }
 
 void apply_compute_mode(torch::nn::Module& module, const ComputeMode& mode) {

@@ -45,12 +45,6 @@ class FluxModel final : public DiffusionModel {
   void release(Encoder which) override;
 
  private:
-  template <class Holder>
-  Holder placed(Holder module, at::ScalarType dtype) const {
-    family::place(*module, dtype, options_.device);
-    return module;
-  }
-  models::sd::AutoencoderKL& vae();
   void load_assistant(const fs::path& path);
 
   ModelLoadOptions options_;
@@ -61,20 +55,17 @@ class FluxModel final : public DiffusionModel {
   models::CLIPTokenizer tokenizer_;
   models::T5Tokenizer tokenizer_2_;
   int64_t t5_max_length_;
-  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return placed(checkpoint_.load_vae(), at::kFloat); },
-                                                    options_.device};
-  family::Releasable<models::CLIPTextModel> text_encoder_{
-      [this] { return placed(checkpoint_.load_text_encoder(options_.dtype), options_.dtype); }, options_.device};
-  // T5 keeps the dtype it was loaded in (in fp16 its `wo` stays fp32, as transformers keeps it).
-  family::Releasable<models::T5EncoderModel> text_encoder_2_{[this] {
-                                                               auto t5 = checkpoint_.load_text_encoder_2(options_.dtype, options_.keep_fp8_text_weights);
-                                                               if (options_.keep_fp8_text_weights) {
-                                                                 models::quantize_linear_layers(*t5, models::WeightQuantization::fp8_e4m3);
-                                                               }
-                                                               t5->to(options_.device);
-                                                               return t5;
-                                                             },
-                                                             options_.device};
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return checkpoint_.load_vae(); }, at::kFloat, options_.device};
+  family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return checkpoint_.load_text_encoder(options_.dtype); },
+                                                         options_.dtype, options_.device, options_.text_quantization};
+  // T5 keeps the dtypes it was loaded in (in fp16 its `wo` stays fp32, as transformers keeps it),
+  // and an fp8 file's codes when it ends in fp8.
+  family::Releasable<models::T5EncoderModel> text_encoder_2_{
+      [this] {
+        const bool fp8 = text_encoder_2_.quantization() == models::WeightQuantization::fp8_e4m3;
+        return checkpoint_.load_text_encoder_2(options_.dtype, fp8);
+      },
+      std::nullopt, options_.device, options_.text_quantization};
   const lora::ComponentSpec spec_ = lora::ComponentSpec::flux_transformer();
   lora::LoRANetwork assistant_{nullptr};
 };
@@ -106,9 +97,7 @@ FluxModel::FluxModel(ModelLoadOptions options)
               family::file_identity(checkpoint_.is_single_file() ? path : path / "transformer") + "|" +
               c10::toString(options_.dtype);
   transformer_ = checkpoint_.load_transformer(options_.dtype, options_.keep_fp8_weights);
-  // Quantized before it reaches the device: the device never holds the widened weights.
-  if (options_.keep_fp8_weights) models::quantize_linear_layers(*transformer_, models::WeightQuantization::fp8_e4m3);
-  transformer_ = placed(transformer_, options_.dtype);
+  family::quantize_and_place(*transformer_, family::denoiser_quantization(options_), options_.dtype, options_.device);
   set_compute_mode(options_.compute);
   if (options_.assistant_lora) load_assistant(*options_.assistant_lora);
   if (!options_.defer_encoders) {
@@ -133,16 +122,11 @@ TextEmbedding FluxModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor FluxModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  auto& vae_module = vae();
-  torch::NoGradGuard no_grad;
-  auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
-  return vae_module->scale_latents(generator ? dist.sample(generator) : dist.mode());
+  return family::encode_kl(*vae_.get(), options_.compute, options_.device, pixels, generator);
 }
 
 at::Tensor FluxModel::decode_latents(const at::Tensor& latents) {
-  auto& vae_module = vae();
-  torch::NoGradGuard no_grad;
-  return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
+  return family::decode_kl(*vae_.get(), options_.compute, options_.device, latents);
 }
 
 at::Tensor FluxModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
@@ -192,23 +176,14 @@ void FluxModel::set_training(bool training) {
 }
 
 int64_t FluxModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
-  int64_t released = models::quantize_linear_layers(*transformer_, format);
-  if (text_encoders) {
-    released += models::quantize_linear_layers(*text_encoder_.get(), format);
-    released += models::quantize_linear_layers(*text_encoder_2_.get(), format);
-  }
+  int64_t released = family::quantize(*transformer_, format);
+  if (text_encoders) released += text_encoder_.quantize(format) + text_encoder_2_.quantize(format);
   return released;
 }
 
 void FluxModel::set_compute_mode(const ComputeMode& mode) {
   options_.compute = mode;
   transformer_->set_attention_query_chunk(mode.attention_chunk);
-}
-
-models::sd::AutoencoderKL& FluxModel::vae() {
-  auto& module = vae_.get();
-  family::apply_compute_mode(*module, options_.compute);
-  return module;
 }
 
 void FluxModel::release(Encoder which) {

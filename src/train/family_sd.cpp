@@ -47,8 +47,6 @@ class SDModel final : public DiffusionModel {
   void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
   int64_t quantize_base(bool text_encoders, models::WeightQuantization format) override;
   void release(Encoder which) override;
-  // The VAE, loaded if it was released, in the current compute mode.
-  models::sd::AutoencoderKL& vae();
 
  private:
   models::sd::VAEConfig vae_config() const;
@@ -61,8 +59,11 @@ class SDModel final : public DiffusionModel {
   std::string model_id_;
   std::shared_ptr<io::SafetensorsFile> single_file_handle_;
   models::sd::UNet2DConditionModel unet_{nullptr};
-  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return load_vae(); }, options_.device};
-  family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return load_text_encoder(); }, options_.device};
+  // The VAE runs in fp32 whatever the training dtype: SD's VAE overflows in fp16 (AI Toolkit and
+  // kohya keep it in fp32 unless told otherwise), and it never trains.
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return load_vae(); }, at::kFloat, options_.device};
+  family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return load_text_encoder(); }, options_.dtype,
+                                                         options_.device, options_.text_quantization};
   std::unique_ptr<models::CLIPTokenizer> tokenizer_;
   const lora::ComponentSpec unet_spec_ = lora::ComponentSpec::sd_unet();
   const lora::ComponentSpec text_spec_ = lora::ComponentSpec::text_encoder(0);
@@ -96,7 +97,7 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
     auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "unet"));
     models::sd::load_unet(*unet_, *weights);
   }
-  family::place(*unet_, options_.dtype, options_.device);
+  family::quantize_and_place(*unet_, std::nullopt, options_.dtype, options_.device);
   family::apply_compute_mode(*unet_, options_.compute);
   traits_.latent_channels = unet_->config.in_channels;
 
@@ -131,7 +132,6 @@ models::CLIPTextModel SDModel::load_text_encoder() const {
     auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "text_encoder"));
     models::load_state_dict(*text_encoder, *weights, models::clip_text_load_options());
   }
-  family::place(*text_encoder, options_.dtype, options_.device);
   return text_encoder;
 }
 
@@ -153,21 +153,12 @@ models::sd::AutoencoderKL SDModel::load_vae() const {
   } else {
     models::sd::load_vae(*vae, *io::SafetensorsFile::open(models::sd::diffusers_component_weights(options_.name_or_path / "vae")));
   }
-  // The VAE runs in fp32 whatever the training dtype: SD's VAE overflows in fp16 (AI Toolkit and
-  // kohya keep it in fp32 unless told otherwise), and it never trains.
-  family::place(*vae, at::kFloat, options_.device);
   return vae;
 }
 
 void SDModel::set_compute_mode(const ComputeMode& mode) {
   options_.compute = mode;
   family::apply_compute_mode(*unet_, mode);
-}
-
-models::sd::AutoencoderKL& SDModel::vae() {
-  auto& module = vae_.get();
-  family::apply_compute_mode(*module, options_.compute);
-  return module;
 }
 
 void SDModel::release(Encoder which) {
@@ -187,17 +178,11 @@ TextEmbedding SDModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  auto& vae_module = vae();
-  torch::NoGradGuard no_grad;
-  auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
-  at::Tensor z = generator ? dist.sample(generator) : dist.mode();
-  return vae_module->scale_latents(z);
+  return family::encode_kl(*vae_.get(), options_.compute, options_.device, pixels, generator);
 }
 
 at::Tensor SDModel::decode_latents(const at::Tensor& latents) {
-  auto& vae_module = vae();
-  torch::NoGradGuard no_grad;
-  return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
+  return family::decode_kl(*vae_.get(), options_.compute, options_.device, latents);
 }
 
 at::Tensor SDModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
@@ -215,11 +200,9 @@ std::map<std::string, std::string> SDModel::lora_metadata() const {
   return lora::kohya_base_model_metadata(playbook::to_string(traits_.family), options_.v_prediction);
 }
 
-// The low-VRAM path's frozen weights: every Linear of the UNet (and of the text encoder when
-// asked) in int8 with per-channel scales.
 int64_t SDModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
-  int64_t released = models::quantize_linear_layers(*unet_, format);
-  if (text_encoders) released += models::quantize_linear_layers(*text_encoder_.get(), format);
+  int64_t released = family::quantize(*unet_, format);
+  if (text_encoders) released += text_encoder_.quantize(format);
   return released;
 }
 

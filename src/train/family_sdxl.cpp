@@ -36,16 +36,7 @@ class SDXLModel final : public DiffusionModel {
   void set_training(bool training) override { training ? unet_->train() : unet_->eval(); }
   int64_t quantize_base(bool text_encoders, models::WeightQuantization format) override;
   void release(Encoder which) override;
-  // The VAE, loaded if it was released, in the current compute mode.
-  models::sd::AutoencoderKL& vae();
-
  private:
-  template <class Holder>
-  Holder placed(Holder module, at::ScalarType dtype) const {
-    family::place(*module, dtype, options_.device);
-    return module;
-  }
-
   ModelLoadOptions options_;
   models::sd::SDXLCheckpoint checkpoint_;
   ModelTraits traits_;
@@ -53,12 +44,12 @@ class SDXLModel final : public DiffusionModel {
   models::sd::UNet2DConditionModel unet_{nullptr};
   models::CLIPTokenizer tokenizer_;
   models::CLIPTokenizer tokenizer_2_;
-  family::Releasable<models::sd::AutoencoderKL> vae_{
-      [this] { return placed(checkpoint_.load_vae(options_.vae_path), at::kFloat); }, options_.device};
-  family::Releasable<models::CLIPTextModel> text_encoder_{
-      [this] { return placed(checkpoint_.load_text_encoder(), options_.dtype); }, options_.device};
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return checkpoint_.load_vae(options_.vae_path); }, at::kFloat,
+                                                    options_.device};
+  family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return checkpoint_.load_text_encoder(); }, options_.dtype,
+                                                         options_.device, options_.text_quantization};
   family::Releasable<models::CLIPTextModelWithProjection> text_encoder_2_{
-      [this] { return placed(checkpoint_.load_text_encoder_2(), options_.dtype); }, options_.device};
+      [this] { return checkpoint_.load_text_encoder_2(); }, options_.dtype, options_.device, options_.text_quantization};
   std::unique_ptr<lora::ComponentSpec> unet_spec_;
   const lora::ComponentSpec text_spec_ = lora::ComponentSpec::text_encoder(1);
   const lora::ComponentSpec text_spec_2_ = lora::ComponentSpec::text_encoder(2);
@@ -78,7 +69,8 @@ SDXLModel::SDXLModel(ModelLoadOptions options)
   const fs::path& path = options_.name_or_path;
   model_id_ = std::string("sdxl|") + family::file_identity(checkpoint_.is_single_file() ? path : path / "unet") + "|" +
               c10::toString(options_.dtype);
-  unet_ = placed(checkpoint_.load_unet(options_.dtype), options_.dtype);
+  unet_ = checkpoint_.load_unet(options_.dtype);
+  family::quantize_and_place(*unet_, std::nullopt, options_.dtype, options_.device);
   family::apply_compute_mode(*unet_, options_.compute);
   traits_.latent_channels = unet_->config.in_channels;
   unet_spec_ = std::make_unique<lora::ComponentSpec>(lora::ComponentSpec::sdxl_unet(unet_->config));
@@ -97,16 +89,11 @@ TextEmbedding SDXLModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor SDXLModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  auto& vae_module = vae();
-  torch::NoGradGuard no_grad;
-  auto dist = vae_module->encode(pixels.to(options_.device, at::kFloat));
-  return vae_module->scale_latents(generator ? dist.sample(generator) : dist.mode());
+  return family::encode_kl(*vae_.get(), options_.compute, options_.device, pixels, generator);
 }
 
 at::Tensor SDXLModel::decode_latents(const at::Tensor& latents) {
-  auto& vae_module = vae();
-  torch::NoGradGuard no_grad;
-  return vae_module->decode(vae_module->unscale_latents(latents.to(options_.device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
+  return family::decode_kl(*vae_.get(), options_.compute, options_.device, latents);
 }
 
 at::Tensor SDXLModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
@@ -135,23 +122,14 @@ std::map<std::string, std::string> SDXLModel::lora_metadata() const {
 }
 
 int64_t SDXLModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
-  int64_t released = models::quantize_linear_layers(*unet_, format);
-  if (text_encoders) {
-    released += models::quantize_linear_layers(*text_encoder_.get(), format);
-    released += models::quantize_linear_layers(*text_encoder_2_.get(), format);
-  }
+  int64_t released = family::quantize(*unet_, format);
+  if (text_encoders) released += text_encoder_.quantize(format) + text_encoder_2_.quantize(format);
   return released;
 }
 
 void SDXLModel::set_compute_mode(const ComputeMode& mode) {
   options_.compute = mode;
   family::apply_compute_mode(*unet_, mode);
-}
-
-models::sd::AutoencoderKL& SDXLModel::vae() {
-  auto& module = vae_.get();
-  family::apply_compute_mode(*module, options_.compute);
-  return module;
 }
 
 void SDXLModel::release(Encoder which) {

@@ -4,7 +4,8 @@
 // truncates them; the rows past the prompt zeroed, as the pipeline trims and zero-pads them) and the
 // raw timestep. Images are 1-frame clips. Rectified-flow training (target noise - x0) with AI
 // Toolkit's Wan shift 3.0; previews: flow-match Euler with the same shift (as AI Toolkit samples
-// Wan 2.1), or with `sample.sampler: unipc` the diffusers WanPipeline's UniPC (flow_shift 3.0).
+// Wan 2.1) on the explicit sigmas linspace(1, 1/N, N) that every flow family's Euler previews take
+// (render_preview), or with `sample.sampler: unipc` the diffusers WanPipeline's UniPC (flow_shift 3.0).
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -61,19 +62,15 @@ class WanModel final : public DiffusionModel {
   std::string model_id_;
   wan::WanTransformer3DModel transformer_{nullptr};
   models::T5Tokenizer tokenizer_;
-  // The VAE runs in fp32 (the pipelines upcast it); umT5 in the compute dtype.
-  family::Releasable<wan::AutoencoderKLWan> vae_{[this] {
-                                                   auto vae = checkpoint_.load_vae();
-                                                   family::place(*vae, at::kFloat, options_.device);
-                                                   return vae;
-                                                 },
-                                                 options_.device};
-  family::Releasable<models::T5EncoderModel> text_encoder_{[this] {
-                                                             auto t5 = checkpoint_.load_text_encoder(options_.dtype);
-                                                             t5->to(options_.device);
-                                                             return t5;
-                                                           },
-                                                           options_.device};
+  // The VAE runs in fp32 (the pipelines upcast it); umT5 in the compute dtype, an fp8 file's codes
+  // kept when it ends in fp8.
+  family::Releasable<wan::AutoencoderKLWan> vae_{[this] { return checkpoint_.load_vae(); }, at::kFloat, options_.device};
+  family::Releasable<models::T5EncoderModel> text_encoder_{
+      [this] {
+        const bool fp8 = text_encoder_.quantization() == models::WeightQuantization::fp8_e4m3;
+        return checkpoint_.load_text_encoder(options_.dtype, fp8);
+      },
+      std::nullopt, options_.device, options_.text_quantization};
   const lora::ComponentSpec spec_ = lora::ComponentSpec::wan_transformer();
 };
 
@@ -100,8 +97,10 @@ WanModel::WanModel(ModelLoadOptions options)
   // 8 pixels per latent cell, 2x2 cells per patch.
   traits_.bucket_divisibility = 8 * traits_.latent_patch_size;
   model_id_ = "wan21|" + family::file_identity(checkpoint_.transformer_path()) + "|" + c10::toString(options_.dtype);
-  transformer_ = checkpoint_.load_transformer(options_.dtype);
-  family::place(*transformer_, options_.dtype, options_.device);
+  // Under qfloat8 an fp8 file's codes are kept and the rest quantized on the host: the device never
+  // holds the widened transformer.
+  transformer_ = checkpoint_.load_transformer(options_.dtype, options_.keep_fp8_weights);
+  family::quantize_and_place(*transformer_, family::denoiser_quantization(options_), options_.dtype, options_.device);
   set_compute_mode(options_.compute);
   if (!options_.defer_encoders) {
     text_encoder_.get();
@@ -153,8 +152,8 @@ at::Tensor WanModel::predict(const at::Tensor& noisy, const at::Tensor& timestep
 }
 
 int64_t WanModel::quantize_base(bool text_encoders, models::WeightQuantization format) {
-  int64_t released = models::quantize_linear_layers(*transformer_, format);
-  if (text_encoders) released += models::quantize_linear_layers(*text_encoder_.get(), format);
+  int64_t released = family::quantize(*transformer_, format);
+  if (text_encoders) released += text_encoder_.quantize(format);
   return released;
 }
 

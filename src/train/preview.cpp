@@ -70,8 +70,10 @@ at::Tensor render_preview(DiffusionModel& model, const sample::SamplePrompt& pro
   auto scheduler = sample::make_scheduler(kind, scheduler_config);
   // UniPC takes its own flow sigmas, linspace(1, 1/T, N + 1)[:-1], as WanPipeline calls it.
   if (kind == sample::SamplerKind::kFlowMatch) {
-    // The Flux/Wan pipelines' schedule: unshifted sigmas numpy.linspace(1, 1/N, N), shifted by
-    // the image's token count where the scheduler shifts dynamically.
+    // One schedule for every flow family: unshifted sigmas numpy.linspace(1, 1/N, N) as the Flux
+    // pipelines pass them, shifted by the image's token count where the scheduler shifts
+    // dynamically (Flux dev), else by its static shift (Wan 3.0; WanPipeline's own set_timesteps(N)
+    // grid ends at the training sigma_min instead of 1/N).
     const double n = static_cast<double>(prompt.steps);
     const double step_size = prompt.steps > 1 ? (1.0 / n - 1.0) / (n - 1.0) : 0.0;
     for (int64_t k = 0; k < prompt.steps; ++k) options.timestep_options.sigmas.push_back(1.0 + static_cast<double>(k) * step_size);

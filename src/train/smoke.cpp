@@ -27,12 +27,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string yaml_list(const std::vector<int>& values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
-
 fs::path make_temp_folder(const std::optional<fs::path>& root) {
   const fs::path base = root.value_or(fs::temp_directory_path());
   fs::create_directories(base);
@@ -159,7 +153,7 @@ std::vector<std::string> smoke_overrides(const fs::path& config_path, const std:
   out.push_back("training_folder=" + run_root.string());
   out.push_back("train.steps=" + std::to_string(steps));
   // Every image at the largest resolution: each step runs a largest bucket.
-  for (size_t i = 0; i < p.datasets.size(); ++i) out.push_back(fmt::format("datasets.{}.resolution={}", i, yaml_list({largest})));
+  for (size_t i = 0; i < p.datasets.size(); ++i) out.push_back(fmt::format("datasets.{}.resolution={}", i, flow_list({largest})));
   // One preview after the last step (none before training), one save at the end.
   out.push_back("train.skip_first_sample=true");
   out.push_back("train.force_first_sample=false");

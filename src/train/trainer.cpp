@@ -144,12 +144,6 @@ void set_global_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
-std::string yaml_list(const std::vector<int>& values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
-
 std::string timestamp_ms() {
   auto now = std::chrono::system_clock::now().time_since_epoch();
   return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
@@ -576,9 +570,12 @@ void Trainer::load_model() {
   // A base that trains in fp8 takes an fp8 file's Linear weights as they are stored (AI Toolkit
   // widens them to the dtype, then quantizes again).
   model_options_.keep_fp8_weights = settings_.quantize == playbook::Quantize::fp8;
-  model_options_.keep_fp8_text_weights = settings_.quantize != playbook::Quantize::none &&
-                                         p_->model.quantize_te.value_or(false) &&
-                                         text_encoder_quantization() == models::WeightQuantization::fp8_e4m3;
+  // Text encoders quantized on the host as they load, never placed widened (nor, on the low-VRAM
+  // path, loaded just to be quantized).
+  model_options_.text_quantization.reset();
+  if (settings_.quantize != playbook::Quantize::none && p_->model.quantize_te.value_or(false)) {
+    model_options_.text_quantization = text_encoder_quantization();
+  }
   model_options_.compute = compute_mode();
   model_ = load_diffusion_model(model_options_);
   spdlog::info("loaded {} base from {}", playbook::to_string(model_->traits().family), p_->model.name_or_path);
@@ -1103,7 +1100,7 @@ void Trainer::save_checkpoint(int64_t step, bool final) {
                       {"ss_learning_rate", fmt::format("{}", p_->train.lr)},
                       {"ss_optimizer", p_->train.optimizer},
                       {"ss_lr_scheduler", p_->train.lr_scheduler},
-                      {"ss_resolution", yaml_list(settings_.active_resolutions())},
+                      {"ss_resolution", flow_list(settings_.active_resolutions())},
                       {"ss_batch_size_per_device", std::to_string(settings_.batch_size)},
                       {"ss_gradient_accumulation_steps", std::to_string(settings_.grad_accumulation)},
                       {"ss_gradient_checkpointing", settings_.gradient_checkpointing ? "True" : "False"},

@@ -201,4 +201,10 @@ std::string printable(std::string_view bytes, size_t max_bytes) {
   return out;
 }
 
+std::string flow_list(const std::vector<int>& values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  return out + "]";
+}
+
 }  // namespace lt

@@ -180,7 +180,7 @@ CATCH_TEST_CASE("chunked attention with gradients: recomputed per chunk, same va
 
 CATCH_TEST_CASE("long sequences on the CPU: the default path computes softmax(q k^T / sqrt(d)) v and its gradients",
                 "[attention]") {
-  // 2048 queries: where lt::models::query_block_rows may pick blocks although no chunk is configured.
+  // kCpuLongSequence queries: where lt::models::query_block_rows may pick blocks although no chunk is configured.
   torch::manual_seed(5);
   const int64_t rows = lt::models::kCpuLongSequence;
   auto make = [&] { return torch::randn({1, 2, rows, 8}).set_requires_grad(true); };

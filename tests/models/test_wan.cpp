@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "loratrain/io/safetensors.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/wan/checkpoint.h"
@@ -201,12 +202,30 @@ CATCH_TEST_CASE("Wan scaled fp8 transformer (ComfyUI *_fp8_scaled): Linear weigh
     tensors.push_back(raw(stem + "scale_input", torch::ones({})));
     dequantized[k] = values * scale;
   }
-  WanTransformer3DModel loaded = load_transformer_file(write_raw("fp8_scaled", tensors));
+  const auto file = write_raw("fp8_scaled", tensors);
+  WanTransformer3DModel loaded = load_transformer_file(file);
   const auto native_of = native_transformer_tensors(*loaded, kComfyTransformerRoot);
   for (const auto& [k, v] : native_of) {
     CATCH_INFO(k);
     CATCH_CHECK(max_diff(v, dequantized.at(k)) <= 1e-6 * std::max(1.0, dequantized.at(k).abs().max().item<double>()));
   }
+
+  // A base that trains in qfloat8 keeps the file's codes and scales: every Linear is 8-bit from
+  // the load on, never widened, and computes what the widened load computes.
+  WanTransformer3DModel kept = load_transformer_file(file, torch::kFloat, /*keep_fp8=*/true);
+  size_t linears = 0, fp8 = 0;
+  for (const auto& m : kept->modules(false)) {
+    if (auto* linear = dynamic_cast<lt::models::LinearImpl*>(m.get())) {
+      ++linears;
+      if (linear->quantized() && linear->weight_int8.scalar_type() == torch::kByte) ++fp8;
+    }
+  }
+  CATCH_CHECK(linears > 0);
+  CATCH_CHECK(fp8 == linears);
+  const Inputs in = tiny_inputs();
+  const at::Tensor widened = loaded->forward(in.latents, in.timestep, in.text);
+  CATCH_CHECK(max_diff(kept->forward(in.latents, in.timestep, in.text), widened) <=
+              1e-5 * std::max(1.0, widened.abs().max().item<double>()));
 }
 
 CATCH_TEST_CASE("Files that are not a Wan 2.1 text-to-video transformer get one clear error", "[wan][loader]") {

@@ -151,9 +151,11 @@ CATCH_TEST_CASE("predicted Wan 2.1 peaks are within 15% of the measured ones on 
       {"wan_attention_chunk", {video, frames9, "memory.attention_chunk=16", "datasets.0.resolution=[128]"}},
       {"wan_rank32", {video, frames9, "network.linear=32", "network.linear_alpha=32"}},
       {"wan_int8_base", {video, frames9, "model.quantize=true", "model.qtype=qint8"}},
+      // qfloat8: the transformer's codes made on the host right after building it, umT5's as it loads
+      {"wan_fp8_base", {video, frames9, "model.quantize=true", "model.qtype=qfloat8"}},
       {"wan_unload_te", {video, frames9, "train.unload_text_encoder=true"}},
       {"wan_low_vram", {video, frames9, "model.low_vram=true"}},
-      // quantize_te (on with quantize) brings the deferred umT5 to the device at the end of load
+      // quantize_te (on with quantize): the deferred umT5 comes quantized when the cache phase uses it
       {"wan_low_vram_int8", {video, frames9, "model.low_vram=true", "model.quantize=true", "model.qtype=qint8"}},
   };
   const std::string previews =

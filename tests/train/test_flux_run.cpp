@@ -561,6 +561,99 @@ CATCH_TEST_CASE("Flux under a simulated VRAM budget: buckets [256, 384, 512] at 
   }
 }
 
+CATCH_TEST_CASE("Flux under a simulated VRAM budget that no step fits with the text encoders and VAE resident, nor with "
+                "the full-width base: the guard takes the ladder's last rungs, low_vram then the 8-bit base, and finishes "
+                "every step",
+                "[train][e2e][flux][guard]") {
+  auto root = lt::test::scratch_dir("flux_guard_last_rungs");
+  lt::data::DemoDataOptions images;
+  images.count = 4;
+  images.size = 256;
+  lt::data::make_demo_dataset(root / "images", images);
+  const auto model = tiny_flux() / "dev" / "model.safetensors";
+  // Every earlier lever already taken (attention chunked, checkpointing, batch 1, one resolution, no
+  // previews), so that what is left of the ladder is its end: model.low_vram, then model.quantize.
+  // The latents come from the disk cache the first run writes (the VAE encode is not what this
+  // test is about); the captions are encoded in every run.
+  const std::vector<std::string> shape = {"datasets.0.folder_path=" + (root / "images").string(),
+                                          "model.name_or_path=" + model.string(), "model.arch=flux",
+                                          "train.batch_size=1", "train.gradient_checkpointing=true",
+                                          "memory.attention_chunk=1024", "datasets.0.resolution=[256]",
+                                          "datasets.0.cache_latents_to_disk=true"};
+  auto run = [&](const std::string& name, int steps, const std::string& memory, std::vector<std::string> extra) {
+    lt::train::RunRequest request;
+    request.config_path = lt::test::write_tiny_config(root / name, name, steps, "", memory);
+    request.overrides = shape;
+    request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
+    return lt::train::run_training(request);
+  };
+  auto report_of = [&](const std::string& name) { return read_json(root / name / name / "report.json"); };
+  auto peak = [](const nlohmann::json& report, const char* phase) {
+    return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
+  };
+  auto step_peaks = [&](const std::string& name) {  // metrics.jsonl: each step's own peak
+    std::vector<int64_t> out;
+    std::ifstream in(root / name / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("mem_peak").get<int64_t>());
+    return out;
+  };
+
+  // Calibration with the settings the two rungs leave, one epoch each (every bucket): low_vram alone
+  // (none of its steps may fit), and low_vram with the guard's int8 base (everything must fit).
+  const int steps = 4;
+  CATCH_REQUIRE(run("latents", 1, "", {}).exit_code == 0);
+  CATCH_REQUIRE(run("low_vram", steps, "", {"model.low_vram=true"}).exit_code == 0);
+  CATCH_REQUIRE(run("low_vram_int8", steps, "", {"model.low_vram=true", "model.quantize=true", "model.qtype=qint8",
+                                                 "model.quantize_te=false"}).exit_code == 0);
+  const auto low_vram = report_of("low_vram"), quantized = report_of("low_vram_int8");
+  int64_t floor_peak = 0;
+  for (const auto& [phase, value] : quantized.at("peaks").items()) {
+    floor_peak = std::max(floor_peak, value.at("peak_allocated").get<int64_t>());
+  }
+  for (const char* phase : {"load", "cache", "save"}) floor_peak = std::max(floor_peak, peak(low_vram, phase));
+  const auto full_steps = step_peaks("low_vram");
+  CATCH_REQUIRE(full_steps.size() == static_cast<size_t>(steps));
+  const int64_t ceiling = *std::min_element(full_steps.begin(), full_steps.end());
+  CATCH_INFO("low_vram steps " << nlohmann::json(full_steps).dump() << ", int8 steps "
+                               << nlohmann::json(step_peaks("low_vram_int8")).dump() << "; floor (low_vram's load, cache, "
+                               << "save; every phase with the int8 base) " << floor_peak);
+  CATCH_REQUIRE(ceiling > floor_peak * 21 / 20);
+  const int64_t budget = floor_peak + (ceiling - floor_peak) / 2;
+
+  auto guarded = run("guarded", steps, "        oom_guard:\n          plan: false\n        simulate_vram: " +
+                                           std::to_string(budget) + "\n", {});
+  const auto report = report_of("guarded");
+  CATCH_INFO("budget " << budget << "\n" << report.at("attempts").dump(1));
+  CATCH_REQUIRE(guarded.exit_code == 0);
+  CATCH_CHECK(guarded.steps_completed == steps);
+  CATCH_CHECK(guarded.losses.size() == static_cast<size_t>(steps));
+  for (double loss : guarded.losses) CATCH_CHECK(std::isfinite(loss));
+  // The last two rungs, in the ladder's order, and nothing else.
+  std::vector<std::string> actions;
+  for (const auto& a : report.at("attempts")) {
+    if (a.at("action") != "empty_cache_retry") actions.push_back(a.at("action").get<std::string>());
+  }
+  CATCH_CHECK(actions == std::vector<std::string>{"enable_low_vram", "quantize_base"});
+  for (const auto& a : report.at("attempts")) {
+    // low_vram wherever the resident encoders first overflow (loading, caching the captions or the
+    // first step); the base is quantized for a training step only (never for an encoder's failure).
+    if (a.at("action") == "quantize_base") CATCH_CHECK(a.at("phase") == "train_step");
+  }
+  const auto& final_settings = report.at("final_settings");
+  CATCH_CHECK(final_settings.at("low_vram") == true);
+  CATCH_CHECK(final_settings.at("quantize") == "int8");
+  std::ifstream log_file(root / "guarded" / "guarded" / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  CATCH_CHECK_THAT(log, Catch::Contains("model.low_vram: false -> true"));
+  CATCH_CHECK_THAT(log, Catch::Contains("model.quantize: false -> true"));
+  CATCH_CHECK_THAT(log, Catch::Contains("base weights quantised to int8"));
+  // The working settings are written down for the next run.
+  const auto effective = lt::config::load_config(root / "guarded" / "guarded" / "effective.yaml");
+  const auto& p = lt::config::the_process(effective);
+  CATCH_CHECK(p.model.low_vram);
+  CATCH_CHECK(p.model.quantize);
+}
+
 CATCH_TEST_CASE("Flux previews with a sampler that does not fit flow matching: a warning and flowmatch; flowmatch on SD is "
                 "an error",
                 "[train][e2e][flux]") {

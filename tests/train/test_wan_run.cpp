@@ -5,20 +5,26 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "loratrain/config/config.h"
 #include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/fixes.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/io/video.h"
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
+#include "loratrain/memory/budget_allocator.h"
+#include "loratrain/models/layers.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/wan/checkpoint.h"
+#include "loratrain/plan/plan.h"
 #include "loratrain/train/demo_base.h"
 #include "loratrain/train/diffusion_model.h"
 #include "loratrain/train/objective.h"
@@ -206,6 +212,64 @@ CATCH_TEST_CASE("preview samplers: unipc samples Wan; a family whose scheduler c
                           Catch::Contains("unipc samples flow-matching models"));
 }
 
+namespace {
+
+// The tiny Wan with every denoiser call's timestep recorded: the schedule a preview really runs.
+class RecordingModel final : public lt::train::DiffusionModel {
+ public:
+  explicit RecordingModel(std::unique_ptr<lt::train::DiffusionModel> model) : model_(std::move(model)) {}
+  std::vector<double> timesteps;
+
+  const lt::train::ModelTraits& traits() const override { return model_->traits(); }
+  const std::string& model_id() const override { return model_->model_id(); }
+  lt::train::TextEmbedding encode_text(const std::vector<std::string>& captions) override { return model_->encode_text(captions); }
+  at::Tensor encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> g) override { return model_->encode_pixels(pixels, g); }
+  at::Tensor decode_latents(const at::Tensor& latents) override { return model_->decode_latents(latents); }
+  at::Tensor predict(const at::Tensor& noisy, const at::Tensor& t, const lt::train::Conditioning& c) override {
+    timesteps.push_back(t.reshape({-1})[0].item<double>());
+    return model_->predict(noisy, t, c);
+  }
+  std::vector<lt::train::LoRATarget> lora_targets() override { return model_->lora_targets(); }
+  std::map<std::string, std::string> lora_metadata() const override { return model_->lora_metadata(); }
+  void set_gradient_checkpointing(bool enabled) override { model_->set_gradient_checkpointing(enabled); }
+  void set_compute_mode(const lt::train::ComputeMode& mode) override { model_->set_compute_mode(mode); }
+  void set_training(bool training) override { model_->set_training(training); }
+  int64_t quantize_base(bool text_encoders, lt::models::WeightQuantization format) override {
+    return model_->quantize_base(text_encoders, format);
+  }
+  void release(lt::train::Encoder which) override { model_->release(which); }
+
+ private:
+  std::unique_ptr<lt::train::DiffusionModel> model_;
+};
+
+}  // namespace
+
+CATCH_TEST_CASE("Wan 2.1 flow-match Euler previews take the Flux pipelines' explicit sigmas, shifted by Wan's 3.0",
+                "[train][wan][sample]") {
+  lt::train::ModelLoadOptions options;
+  options.name_or_path = transformer_file();
+  RecordingModel model(lt::train::load_diffusion_model(options));
+  lt::sample::SamplePrompt prompt;
+  prompt.text = "a red circle";
+  prompt.width = prompt.height = 32;
+  prompt.steps = 4;
+  prompt.guidance_scale = 1.0;  // the conditional branch alone: one call per step
+  lt::train::PreviewOptions preview;
+  preview.sampler = "flowmatch";
+  preview.num_frames = 5;
+  const auto text = model.encode_text({prompt.text});
+  const at::Tensor clip = lt::train::render_preview(model, prompt, text, text, preview);
+  CATCH_CHECK(clip.sizes().vec() == std::vector<int64_t>{3, 5, 32, 32});
+  // sigmas = linspace(1, 1/N, N) (as FluxPipeline passes them), then 3 s / (1 + 2 s), as 1000 s.
+  CATCH_REQUIRE(model.timesteps.size() == 4);
+  for (int k = 0; k < 4; ++k) {
+    const double sigma = 1.0 + k * (1.0 / 4 - 1.0) / 3, shifted = 3 * sigma / (1 + 2 * sigma);
+    CATCH_INFO("step " << k);
+    CATCH_CHECK(model.timesteps[k] == Approx(1000 * shifted).epsilon(1e-5));
+  }
+}
+
 CATCH_TEST_CASE("Wan 2.1: incomplete ComfyUI setups get one error naming each missing file", "[train][wan]") {
   auto dir = lt::test::scratch_dir(lt::test::per_program("wan_incomplete"));
   fs::copy_file(transformer_file(), dir / "wan2.1_t2v_tiny.safetensors");
@@ -385,4 +449,104 @@ CATCH_TEST_CASE("Wan 2.1 under simulated VRAM: a clip's encode while caching lat
   CATCH_CHECK_THAT(text, Catch::Contains("video_spike"));
   const auto diagnosis = lt::diagnose::diagnose_path((root / "cache_spike" / "log.txt").string());
   CATCH_CHECK(diagnosis.phase == lt::diagnose::Phase::kVideoSpike);
+}
+
+CATCH_TEST_CASE("Wan 2.1 with model.quantize (qfloat8): the transformer and umT5 become codes on the host before they are "
+                "placed, so loading peaks below the unquantized load, as the planner predicts",
+                "[train][e2e][wan][quantize]") {
+  const auto root = lt::test::scratch_dir(lt::test::per_program("wan_quantized_load"));
+  // One step each on the tiny image dataset (1-frame clips); the report's load phase is the loader's peak.
+  const std::vector<std::string> common = {"model.name_or_path=" + transformer_file().string(), "model.arch=wan21",
+                                           "train.timestep_type=sigmoid", "memory.oom_guard.plan=false"};
+  struct Run {
+    std::string name;
+    std::vector<std::string> overrides;
+  };
+  const std::vector<Run> runs = {
+      {"unquantized", {"model.quantize=false"}},
+      {"fp8", {"model.quantize=true", "model.qtype=qfloat8", "model.quantize_te=true", "model.qtype_te=qfloat8"}},
+      // quantize_te under low_vram: umT5 is not loaded (nor quantized) until the cache phase uses it.
+      {"fp8_low_vram", {"model.quantize=true", "model.qtype=qfloat8", "model.quantize_te=true", "model.low_vram=true"}},
+  };
+  std::map<std::string, int64_t> measured, predicted, measured_cache, predicted_cache;
+  for (const Run& r : runs) {
+    CATCH_INFO(r.name);
+    lt::train::RunRequest request;
+    request.config_path = lt::test::write_tiny_config(root, r.name, 1);
+    request.overrides = common;
+    request.overrides.insert(request.overrides.end(), r.overrides.begin(), r.overrides.end());
+    request.fresh = true;
+    const auto result = lt::train::run_training(request);
+    CATCH_REQUIRE(result.exit_code == 0);
+    for (double loss : result.losses) CATCH_CHECK(std::isfinite(loss));
+    measured[r.name] = phase_peak(read_report(root / r.name), "load");
+    measured_cache[r.name] = phase_peak(read_report(root / r.name), "cache");
+
+    const auto job = lt::config::load_config(request.config_path, request.overrides);
+    std::optional<int> bytes;
+    if (lt::config::canonical_dtype(lt::config::the_process(job).train.dtype) == "bf16" &&
+        lt::train::cpu_bf16_instructions().empty()) {
+      bytes = 4;  // the trainer computes in fp32 here
+    }
+    const auto planner = lt::plan::Planner::from_config(job, bytes);
+    const auto prediction = planner->predict(planner->configured());
+    predicted[r.name] = prediction.at(lt::playbook::Phase::load).peak();
+    predicted_cache[r.name] = prediction.at(lt::playbook::Phase::cache).peak();
+  }
+  for (const Run& r : runs) {
+    CATCH_INFO(r.name << ": load peak measured " << measured[r.name] << " B, predicted " << predicted[r.name] << " B");
+    CATCH_CHECK(std::abs(double(predicted[r.name] - measured[r.name])) <= 0.15 * double(measured[r.name]));
+    // (the cache phase: under low_vram umT5 arrives quantized for the captions, after the VAE left)
+    CATCH_INFO("cache peak measured " << measured_cache[r.name] << " B, predicted " << predicted_cache[r.name] << " B");
+    CATCH_CHECK(std::abs(double(predicted_cache[r.name] - measured_cache[r.name])) <= 0.15 * double(measured_cache[r.name]));
+  }
+  CATCH_INFO("measured " << nlohmann::json(measured).dump() << ", predicted " << nlohmann::json(predicted).dump());
+  // The unquantized load holds the transformer, umT5 and the VAE at full width; the quantized one
+  // never holds the widened transformer beside them (its peak is the transformer's quantization,
+  // one Linear at a time); under low_vram umT5 waits for the cache phase.
+  CATCH_CHECK(measured["fp8"] < measured["unquantized"]);
+  CATCH_CHECK(predicted["fp8"] < predicted["unquantized"]);
+  CATCH_CHECK(measured["fp8_low_vram"] <= measured["fp8"]);
+  CATCH_CHECK(predicted["fp8_low_vram"] <= predicted["fp8"]);
+  std::ifstream log_file(root / "fp8" / "log.txt");
+  const std::string log((std::istreambuf_iterator<char>(log_file)), {});
+  CATCH_CHECK_THAT(log, Catch::Contains("base weights quantised to fp8 (e4m3), text encoders to fp8 (e4m3)"));
+}
+
+CATCH_TEST_CASE("Wan 2.1 low-VRAM load with quantize_te: umT5 is not loaded to be quantized; it arrives quantized when "
+                "first used, and again so after a release",
+                "[train][wan][quantize]") {
+  auto text_growth = [](std::optional<lt::models::WeightQuantization> text_quantization) {
+    lt::memory::CpuMemory memory(0);  // counts every CPU allocation while it lives
+    lt::train::ModelLoadOptions options;
+    options.name_or_path = transformer_file();
+    options.defer_encoders = true;
+    options.keep_fp8_weights = text_quantization.has_value();
+    options.text_quantization = text_quantization;
+    auto model = lt::train::load_diffusion_model(options);
+    // What the trainer does at the end of its load with model.quantize (and quantize_te).
+    if (text_quantization) {
+      model->quantize_base(false, lt::models::WeightQuantization::fp8_e4m3);
+      model->quantize_base(true, *text_quantization);
+    }
+    const int64_t loaded = memory.allocated();
+    torch::NoGradGuard no_grad;
+    const auto first = model->encode_text({"a red circle"});
+    const int64_t with_text = memory.allocated();
+    // The low-VRAM path's release drops umT5 on the CPU; the next use loads it again.
+    model->release(lt::train::Encoder::text);
+    CATCH_CHECK(memory.allocated() < with_text);
+    const auto second = model->encode_text({"a red circle"});
+    // (beside the first call's embeddings, the second's)
+    CATCH_CHECK(memory.allocated() == with_text + static_cast<int64_t>(second.front().second.nbytes()));
+    CATCH_CHECK(torch::equal(first.front().second, second.front().second));
+    return std::make_pair(loaded, with_text - loaded);
+  };
+  const auto [widened_load, widened_text] = text_growth(std::nullopt);
+  const auto [quantized_load, quantized_text] = text_growth(lt::models::WeightQuantization::fp8_e4m3);
+  CATCH_INFO("after load: " << widened_load << " B / " << quantized_load << " B quantized; umT5 and its embeddings: "
+                            << widened_text << " B / " << quantized_text << " B quantized");
+  // Nothing of umT5 came with the load, and it comes in 8 bits when it is used (and after a release).
+  CATCH_CHECK(quantized_load < widened_load);
+  CATCH_CHECK(quantized_text < widened_text);
 }

@@ -8,11 +8,14 @@ namespace lt::models {
 
 // On an AVX-512 CPU, sequences at least this long run blocked even when memory.attention_chunk
 // asks for the plain path, in blocks of at most kCpuQueryBlock rows: there the blocked kernel is
-// faster as well as lighter (Xeon with AVX-512/AMX, SD1.5 at 512 px = 4096 tokens, forward +
-// backward of one layer on 2 cores: fp32 4.4 s plain, 3.0 s in blocks of 128 rows; bf16 2.6 s and
-// 2.0 s; docs/benchmarks.md). On an AVX2 EPYC blocks were slower than the plain path (256 rows
-// 4.2 s against 2.4 s), so there the configured path stands, as it does for shorter sequences.
-constexpr int64_t kCpuLongSequence = 2048;
+// faster as well as lighter. One layer's forward + backward on 2 cores of a Xeon with AVX-512/AMX
+// (lt-bench-attention, docs/benchmarks.md), fp32 in blocks of 128 rows against plain: x0.48 at
+// 4096 tokens (SD1.5 at 512 px), x0.46 at 1024, x0.30 at 256 (8 heads x 160), x0.23 at 1024 tokens
+// of 4 heads x 4 (the tiny UNet, batch 4); bf16 x0.71 at 4096, x0.78 at 1024, x1.08 at 256; at 64
+// tokens both paths take about a millisecond. On an AVX2 EPYC blocks were slower than the plain
+// path (4096 tokens, 256 rows: 4.2 s against 2.4 s), so there the configured path stands, as it
+// does for shorter sequences.
+constexpr int64_t kCpuLongSequence = 256;
 constexpr int64_t kCpuQueryBlock = 128;
 
 // Whether this CPU takes the blocked path for long sequences by default.

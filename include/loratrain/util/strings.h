@@ -25,6 +25,8 @@ std::string trim(std::string_view s);
 std::vector<std::string> split(std::string_view s, char sep);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool ends_with(std::string_view s, std::string_view suffix);
+// "[512, 768]": a list of integers in YAML's (and JSON's) flow style.
+std::string flow_list(const std::vector<int>& values);
 
 // Bytes read from a file (a header, a key, a caption), made safe to quote in a message: printable
 // UTF-8 stays as it is; control characters, DEL, C1 controls, bidirectional overrides and bytes

@@ -18,10 +18,10 @@ namespace lt::models::sd {
 
 namespace {
 
-[[noreturn]] void config_error(const std::string& message) { throw InputError("UNet config: " + message); }
+[[noreturn]] void unet_config_error(const std::string& message) { throw InputError("UNet config: " + message); }
 
 template <typename T>
-T get_or(const nlohmann::json& j, const char* key, T fallback) {
+T unet_get_or(const nlohmann::json& j, const char* key, T fallback) {
   return json_get_or(j, key, fallback, "UNet");
 }
 
@@ -34,14 +34,14 @@ std::vector<T> per_block(const nlohmann::json& j, const char* key, size_t n, T f
     if (it->is_array()) {
       auto v = it->get<std::vector<T>>();
       if (v.size() != n) {
-        config_error(std::string("'") + key + "' has " + std::to_string(v.size()) + " entries, expected one per block (" +
+        unet_config_error(std::string("'") + key + "' has " + std::to_string(v.size()) + " entries, expected one per block (" +
                      std::to_string(n) + ")");
       }
       return v;
     }
     return std::vector<T>(n, it->get<T>());
   } catch (const nlohmann::json::exception&) {
-    config_error(std::string("'") + key + "' has the wrong type (" + it->dump() + ")");
+    unet_config_error(std::string("'") + key + "' has the wrong type (" + it->dump() + ")");
   }
 }
 
@@ -72,40 +72,40 @@ void reject_unsupported(const nlohmann::json& j) {
     if (it == j.end() || *it == expected) continue;
     // Accept null for keys whose default is a value (older configs write null).
     if (it->is_null()) continue;
-    config_error(std::string("'") + key + "' = " + it->dump() + " is not supported (only " + expected.dump() +
+    unet_config_error(std::string("'") + key + "' = " + it->dump() + " is not supported (only " + expected.dump() +
                  "); this UNet implements the SD1.x/SD2.x/SDXL configuration space");
   }
 }
 
 void validate(const UNetConfig& c) {
   const size_t n = c.down_block_types.size();
-  if (n == 0) config_error("'down_block_types' is empty");
-  if (c.block_out_channels.size() != n) config_error("'block_out_channels' must have one entry per down block");
-  if (c.up_block_types.size() != n) config_error("'up_block_types' must have as many entries as 'down_block_types'");
+  if (n == 0) unet_config_error("'down_block_types' is empty");
+  if (c.block_out_channels.size() != n) unet_config_error("'block_out_channels' must have one entry per down block");
+  if (c.up_block_types.size() != n) unet_config_error("'up_block_types' must have as many entries as 'down_block_types'");
   for (const auto& t : c.down_block_types) {
-    if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D") config_error("unsupported down block type '" + t + "'");
+    if (t != "CrossAttnDownBlock2D" && t != "DownBlock2D") unet_config_error("unsupported down block type '" + t + "'");
   }
   for (const auto& t : c.up_block_types) {
-    if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D") config_error("unsupported up block type '" + t + "'");
+    if (t != "CrossAttnUpBlock2D" && t != "UpBlock2D") unet_config_error("unsupported up block type '" + t + "'");
   }
   if (!c.mid_block_type.empty() && c.mid_block_type != "UNetMidBlock2DCrossAttn") {
-    config_error("unsupported mid block type '" + c.mid_block_type + "'");
+    unet_config_error("unsupported mid block type '" + c.mid_block_type + "'");
   }
   if (c.addition_embed_type && *c.addition_embed_type != "text_time") {
-    config_error("'addition_embed_type' = '" + *c.addition_embed_type + "' is not supported (only text_time)");
+    unet_config_error("'addition_embed_type' = '" + *c.addition_embed_type + "' is not supported (only text_time)");
   }
   if (c.addition_embed_type && (!c.addition_time_embed_dim || !c.projection_class_embeddings_input_dim)) {
-    config_error("addition_embed_type text_time needs addition_time_embed_dim and projection_class_embeddings_input_dim");
+    unet_config_error("addition_embed_type text_time needs addition_time_embed_dim and projection_class_embeddings_input_dim");
   }
-  if (!is_known_activation(c.act_fn)) config_error("unsupported act_fn '" + c.act_fn + "'");
+  if (!is_known_activation(c.act_fn)) unet_config_error("unsupported act_fn '" + c.act_fn + "'");
   for (size_t i = 0; i < n; ++i) {
     const int64_t ch = c.block_out_channels[i];
     if (ch % c.norm_num_groups != 0) {
-      config_error("block_out_channels[" + std::to_string(i) + "] = " + std::to_string(ch) +
+      unet_config_error("block_out_channels[" + std::to_string(i) + "] = " + std::to_string(ch) +
                    " is not divisible by norm_num_groups = " + std::to_string(c.norm_num_groups));
     }
     if (c.attention_head_dim[i] <= 0 || ch % c.attention_head_dim[i] != 0) {
-      config_error("block_out_channels[" + std::to_string(i) + "] = " + std::to_string(ch) +
+      unet_config_error("block_out_channels[" + std::to_string(i) + "] = " + std::to_string(ch) +
                    " is not divisible by the head count attention_head_dim[" + std::to_string(i) +
                    "] = " + std::to_string(c.attention_head_dim[i]));
     }
@@ -115,43 +115,43 @@ void validate(const UNetConfig& c) {
 }  // namespace
 
 UNetConfig UNetConfig::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) config_error("expected a JSON object");
+  if (!j.is_object()) unet_config_error("expected a JSON object");
   if (auto it = j.find("_class_name"); it != j.end() && it->is_string() && *it != "UNet2DConditionModel") {
-    config_error("_class_name is '" + it->get<std::string>() + "', expected UNet2DConditionModel");
+    unet_config_error("_class_name is '" + it->get<std::string>() + "', expected UNet2DConditionModel");
   }
   reject_unsupported(j);
   UNetConfig c;
-  c.in_channels = get_or<int64_t>(j, "in_channels", 4);
-  c.out_channels = get_or<int64_t>(j, "out_channels", 4);
-  c.center_input_sample = get_or<bool>(j, "center_input_sample", false);
-  c.flip_sin_to_cos = get_or<bool>(j, "flip_sin_to_cos", true);
-  c.freq_shift = get_or<double>(j, "freq_shift", 0);
+  c.in_channels = unet_get_or<int64_t>(j, "in_channels", 4);
+  c.out_channels = unet_get_or<int64_t>(j, "out_channels", 4);
+  c.center_input_sample = unet_get_or<bool>(j, "center_input_sample", false);
+  c.flip_sin_to_cos = unet_get_or<bool>(j, "flip_sin_to_cos", true);
+  c.freq_shift = unet_get_or<double>(j, "freq_shift", 0);
   const UNetConfig d = sd15();
-  c.down_block_types = get_or<std::vector<std::string>>(j, "down_block_types", d.down_block_types);
-  c.up_block_types = get_or<std::vector<std::string>>(j, "up_block_types", d.up_block_types);
+  c.down_block_types = unet_get_or<std::vector<std::string>>(j, "down_block_types", d.down_block_types);
+  c.up_block_types = unet_get_or<std::vector<std::string>>(j, "up_block_types", d.up_block_types);
   {
     auto it = j.find("mid_block_type");
     c.mid_block_type = it == j.end() ? "UNetMidBlock2DCrossAttn" : (it->is_null() ? "" : it->get<std::string>());
   }
   const size_t n = c.down_block_types.size();
-  c.block_out_channels = get_or<std::vector<int64_t>>(j, "block_out_channels", d.block_out_channels);
+  c.block_out_channels = unet_get_or<std::vector<int64_t>>(j, "block_out_channels", d.block_out_channels);
   c.only_cross_attention = per_block<bool>(j, "only_cross_attention", n, false);
   c.layers_per_block = per_block<int64_t>(j, "layers_per_block", n, 2);
-  c.downsample_padding = get_or<int64_t>(j, "downsample_padding", 1);
-  c.mid_block_scale_factor = get_or<double>(j, "mid_block_scale_factor", 1.0);
-  c.dropout = get_or<double>(j, "dropout", 0.0);
-  c.act_fn = get_or<std::string>(j, "act_fn", "silu");
-  c.norm_num_groups = get_or<int64_t>(j, "norm_num_groups", 32);
-  c.norm_eps = get_or<double>(j, "norm_eps", 1e-5);
+  c.downsample_padding = unet_get_or<int64_t>(j, "downsample_padding", 1);
+  c.mid_block_scale_factor = unet_get_or<double>(j, "mid_block_scale_factor", 1.0);
+  c.dropout = unet_get_or<double>(j, "dropout", 0.0);
+  c.act_fn = unet_get_or<std::string>(j, "act_fn", "silu");
+  c.norm_num_groups = unet_get_or<int64_t>(j, "norm_num_groups", 32);
+  c.norm_eps = unet_get_or<double>(j, "norm_eps", 1e-5);
   c.cross_attention_dim = per_block<int64_t>(j, "cross_attention_dim", n, 1280);
   c.transformer_layers_per_block = per_block<int64_t>(j, "transformer_layers_per_block", n, 1);
   c.attention_head_dim = per_block<int64_t>(j, "attention_head_dim", n, 8);
-  c.use_linear_projection = get_or<bool>(j, "use_linear_projection", false);
-  c.upcast_attention = get_or<bool>(j, "upcast_attention", false);
-  c.resnet_out_scale_factor = get_or<double>(j, "resnet_out_scale_factor", 1.0);
-  c.resnet_skip_time_act = get_or<bool>(j, "resnet_skip_time_act", false);
-  c.conv_in_kernel = get_or<int64_t>(j, "conv_in_kernel", 3);
-  c.conv_out_kernel = get_or<int64_t>(j, "conv_out_kernel", 3);
+  c.use_linear_projection = unet_get_or<bool>(j, "use_linear_projection", false);
+  c.upcast_attention = unet_get_or<bool>(j, "upcast_attention", false);
+  c.resnet_out_scale_factor = unet_get_or<double>(j, "resnet_out_scale_factor", 1.0);
+  c.resnet_skip_time_act = unet_get_or<bool>(j, "resnet_skip_time_act", false);
+  c.conv_in_kernel = unet_get_or<int64_t>(j, "conv_in_kernel", 3);
+  c.conv_out_kernel = unet_get_or<int64_t>(j, "conv_out_kernel", 3);
   if (auto it = j.find("addition_embed_type"); it != j.end() && !it->is_null()) c.addition_embed_type = it->get<std::string>();
   if (auto it = j.find("addition_time_embed_dim"); it != j.end() && !it->is_null()) c.addition_time_embed_dim = it->get<int64_t>();
   if (auto it = j.find("projection_class_embeddings_input_dim"); it != j.end() && !it->is_null()) {

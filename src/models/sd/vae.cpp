@@ -18,29 +18,29 @@ namespace lt::models::sd {
 
 namespace {
 
-[[noreturn]] void config_error(const std::string& message) { throw InputError("VAE config: " + message); }
+[[noreturn]] void vae_config_error(const std::string& message) { throw InputError("VAE config: " + message); }
 
 template <typename T>
-T get_or(const nlohmann::json& j, const char* key, T fallback) {
+T vae_get_or(const nlohmann::json& j, const char* key, T fallback) {
   return json_get_or(j, key, fallback, "VAE");
 }
 
 void validate(const VAEConfig& c) {
   const size_t n = c.block_out_channels.size();
-  if (n == 0) config_error("'block_out_channels' is empty");
+  if (n == 0) vae_config_error("'block_out_channels' is empty");
   if (c.down_block_types.size() != n || c.up_block_types.size() != n) {
-    config_error("'down_block_types' and 'up_block_types' need one entry per block_out_channels entry");
+    vae_config_error("'down_block_types' and 'up_block_types' need one entry per block_out_channels entry");
   }
   for (const auto& t : c.down_block_types) {
-    if (t != "DownEncoderBlock2D") config_error("unsupported down block type '" + t + "' (only DownEncoderBlock2D)");
+    if (t != "DownEncoderBlock2D") vae_config_error("unsupported down block type '" + t + "' (only DownEncoderBlock2D)");
   }
   for (const auto& t : c.up_block_types) {
-    if (t != "UpDecoderBlock2D") config_error("unsupported up block type '" + t + "' (only UpDecoderBlock2D)");
+    if (t != "UpDecoderBlock2D") vae_config_error("unsupported up block type '" + t + "' (only UpDecoderBlock2D)");
   }
-  if (!is_known_activation(c.act_fn)) config_error("unsupported act_fn '" + c.act_fn + "'");
+  if (!is_known_activation(c.act_fn)) vae_config_error("unsupported act_fn '" + c.act_fn + "'");
   for (int64_t ch : c.block_out_channels) {
     if (ch % c.norm_num_groups != 0) {
-      config_error("block_out_channels entry " + std::to_string(ch) + " is not divisible by norm_num_groups " +
+      vae_config_error("block_out_channels entry " + std::to_string(ch) + " is not divisible by norm_num_groups " +
                    std::to_string(c.norm_num_groups));
     }
   }
@@ -64,33 +64,33 @@ VAEConfig VAEConfig::sdxl() {
 }
 
 VAEConfig VAEConfig::from_json(const nlohmann::json& j) {
-  if (!j.is_object()) config_error("expected a JSON object");
+  if (!j.is_object()) vae_config_error("expected a JSON object");
   if (auto it = j.find("_class_name"); it != j.end() && it->is_string() && *it != "AutoencoderKL") {
-    config_error("_class_name is '" + it->get<std::string>() + "', expected AutoencoderKL");
+    vae_config_error("_class_name is '" + it->get<std::string>() + "', expected AutoencoderKL");
   }
   for (const char* key : {"latents_mean", "latents_std"}) {
     if (auto it = j.find(key); it != j.end() && !it->is_null()) {
-      config_error(std::string("'") + key + "' (per-channel latent normalisation) is not supported");
+      vae_config_error(std::string("'") + key + "' (per-channel latent normalisation) is not supported");
     }
   }
   VAEConfig c;
-  c.in_channels = get_or<int64_t>(j, "in_channels", 3);
-  c.out_channels = get_or<int64_t>(j, "out_channels", 3);
-  c.block_out_channels = get_or<std::vector<int64_t>>(j, "block_out_channels", {64});
+  c.in_channels = vae_get_or<int64_t>(j, "in_channels", 3);
+  c.out_channels = vae_get_or<int64_t>(j, "out_channels", 3);
+  c.block_out_channels = vae_get_or<std::vector<int64_t>>(j, "block_out_channels", {64});
   const size_t n = c.block_out_channels.size();
-  c.down_block_types = get_or<std::vector<std::string>>(j, "down_block_types", std::vector<std::string>(n, "DownEncoderBlock2D"));
-  c.up_block_types = get_or<std::vector<std::string>>(j, "up_block_types", std::vector<std::string>(n, "UpDecoderBlock2D"));
-  c.layers_per_block = get_or<int64_t>(j, "layers_per_block", 1);
-  c.act_fn = get_or<std::string>(j, "act_fn", "silu");
-  c.latent_channels = get_or<int64_t>(j, "latent_channels", 4);
-  c.norm_num_groups = get_or<int64_t>(j, "norm_num_groups", 32);
-  c.sample_size = get_or<int64_t>(j, "sample_size", 32);
-  c.scaling_factor = get_or<double>(j, "scaling_factor", 0.18215);
+  c.down_block_types = vae_get_or<std::vector<std::string>>(j, "down_block_types", std::vector<std::string>(n, "DownEncoderBlock2D"));
+  c.up_block_types = vae_get_or<std::vector<std::string>>(j, "up_block_types", std::vector<std::string>(n, "UpDecoderBlock2D"));
+  c.layers_per_block = vae_get_or<int64_t>(j, "layers_per_block", 1);
+  c.act_fn = vae_get_or<std::string>(j, "act_fn", "silu");
+  c.latent_channels = vae_get_or<int64_t>(j, "latent_channels", 4);
+  c.norm_num_groups = vae_get_or<int64_t>(j, "norm_num_groups", 32);
+  c.sample_size = vae_get_or<int64_t>(j, "sample_size", 32);
+  c.scaling_factor = vae_get_or<double>(j, "scaling_factor", 0.18215);
   if (auto it = j.find("shift_factor"); it != j.end() && !it->is_null()) c.shift_factor = it->get<double>();
-  c.force_upcast = get_or<bool>(j, "force_upcast", true);
-  c.use_quant_conv = get_or<bool>(j, "use_quant_conv", true);
-  c.use_post_quant_conv = get_or<bool>(j, "use_post_quant_conv", true);
-  c.mid_block_add_attention = get_or<bool>(j, "mid_block_add_attention", true);
+  c.force_upcast = vae_get_or<bool>(j, "force_upcast", true);
+  c.use_quant_conv = vae_get_or<bool>(j, "use_quant_conv", true);
+  c.use_post_quant_conv = vae_get_or<bool>(j, "use_post_quant_conv", true);
+  c.mid_block_add_attention = vae_get_or<bool>(j, "mid_block_add_attention", true);
   validate(c);
   return c;
 }

@@ -180,10 +180,11 @@ WanTransformerConfig detect_transformer_config(const io::SafetensorsFile& file, 
 }
 
 void load_transformer(WanTransformer3DModelImpl& model, const io::SafetensorsFile& file, const TransformerLayout& layout,
-                      std::optional<at::ScalarType> dtype) {
+                      std::optional<at::ScalarType> dtype, bool keep_fp8) {
   LoadOptions options;
   options.prefix = layout.root;
   options.dtype = dtype;
+  options.keep_fp8_linear_weights = keep_fp8;
   if (layout.native) {
     auto names = std::make_shared<std::map<std::string, std::string>>(invert(module_tensors(model), native_transformer_key));
     options.rename = [names](const std::string& key) {
@@ -195,21 +196,22 @@ void load_transformer(WanTransformer3DModelImpl& model, const io::SafetensorsFil
   load_state_dict(model, file, options);
 }
 
-WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, std::optional<at::ScalarType> dtype) {
+WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, std::optional<at::ScalarType> dtype,
+                                            bool keep_fp8) {
   if (!std::filesystem::exists(path)) throw InputError(path.string() + ": Wan transformer not found");
   if (std::filesystem::is_directory(path)) {
     // A diffusers component folder (transformer/): its config.json decides the sizes.
     WanTransformer3DModel model(WanTransformerConfig::from_json(sd::read_component_config(path), (path / "config.json").string()));
     if (dtype) model->to(*dtype);
     const auto file = io::SafetensorsFile::open(sd::diffusers_component_weights(path));
-    load_transformer(*model, *file, detect_transformer_layout(*file), dtype);
+    load_transformer(*model, *file, detect_transformer_layout(*file), dtype, keep_fp8);
     return model;
   }
   const auto file = io::SafetensorsFile::open(path);
   const TransformerLayout layout = detect_transformer_layout(*file);
   WanTransformer3DModel model(detect_transformer_config(*file, layout));
   if (dtype) model->to(*dtype);
-  load_transformer(*model, *file, layout, dtype);
+  load_transformer(*model, *file, layout, dtype, keep_fp8);
   return model;
 }
 
@@ -311,20 +313,21 @@ WanCheckpoint WanCheckpoint::open(const std::filesystem::path& path, const std::
   return c;
 }
 
-WanTransformer3DModel WanCheckpoint::load_transformer(std::optional<at::ScalarType> dtype) const {
-  if (is_single_file()) return frozen(load_transformer_file(path_, dtype));
+WanTransformer3DModel WanCheckpoint::load_transformer(std::optional<at::ScalarType> dtype, bool keep_fp8) const {
+  if (is_single_file()) return frozen(load_transformer_file(path_, dtype, keep_fp8));
   WanTransformer3DModel model(config_);
   if (dtype) model->to(*dtype);
   LoadOptions options;
   options.dtype = dtype;
+  options.keep_fp8_linear_weights = keep_fp8;
   load_state_dict_sharded(*model, open_component_weights(path_ / "transformer"), options);
   return frozen(model);
 }
 
 AutoencoderKLWan WanCheckpoint::load_vae() const { return frozen(load_vae_file(vae_path_)); }
 
-T5EncoderModel WanCheckpoint::load_text_encoder(std::optional<at::ScalarType> dtype) const {
-  T5EncoderModel model = load_t5_encoder(text_encoder_path_, dtype);
+T5EncoderModel WanCheckpoint::load_text_encoder(std::optional<at::ScalarType> dtype, bool keep_fp8) const {
+  T5EncoderModel model = load_t5_encoder(text_encoder_path_, dtype, keep_fp8);
   if (!model->config.bias_in_every_layer()) {
     throw InputError(text_encoder_path_.string() + ": a T5 encoder with one shared position bias; Wan's text encoder is "
                      "umT5 (a position bias in every layer): give umt5_xxl*.safetensors");

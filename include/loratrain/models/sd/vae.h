@@ -131,8 +131,9 @@ class AutoencoderKLImpl : public torch::nn::Module {
 
   // Memory options (diffusers enable_slicing / enable_tiling): slicing runs one image at a time;
   // tiling encodes and decodes overlapping tiles of tile_latent_min_size latent cells (the config's
-  // sample_size in pixels) and blends the seams. An image no larger than a tile is tiled at half its larger
-  // side (not below kMinTileLatent latent cells), so tiling always lowers the peak.
+  // sample_size in pixels) and blends the seams. An image no larger than a tile is tiled at about half
+  // its larger side (not below kMinTileLatent latent cells; rounded up so that the tiles step by whole
+  // latent cells), so tiling always lowers the peak.
   bool use_slicing = false;
   bool use_tiling = false;
   int64_t tile_latent_min_size;

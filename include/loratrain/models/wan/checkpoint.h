@@ -48,12 +48,14 @@ TransformerLayout detect_transformer_layout(const io::SafetensorsFile& file);
 WanTransformerConfig detect_transformer_config(const io::SafetensorsFile& file, const TransformerLayout& layout);
 
 // Loads strictly (every missing, unexpected and mis-shaped key at once); fp8 and scaled fp8 are
-// widened to `dtype` (nullopt: the model's dtype) as they are read.
+// widened to `dtype` (nullopt: the model's dtype) as they are read, except the Linear weights under
+// `keep_fp8`: their codes and scales become the Linears' fp8 weights (a base that trains in qfloat8).
 void load_transformer(WanTransformer3DModelImpl& model, const io::SafetensorsFile& file, const TransformerLayout& layout,
-                      std::optional<at::ScalarType> dtype = std::nullopt);
+                      std::optional<at::ScalarType> dtype = std::nullopt, bool keep_fp8 = false);
 // A single transformer file (layout and config detected from the keys and shapes), or a diffusers
 // transformer/ folder (config.json + diffusion_pytorch_model.safetensors): model built and loaded.
-WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, std::optional<at::ScalarType> dtype = std::nullopt);
+WanTransformer3DModel load_transformer_file(const std::filesystem::path& path, std::optional<at::ScalarType> dtype = std::nullopt,
+                                            bool keep_fp8 = false);
 
 // Native or diffusers VAE names, detected from the keys; throws lt::InputError for a non-Wan VAE file.
 void load_vae(AutoencoderKLWanImpl& vae, const io::SafetensorsFile& file);
@@ -85,9 +87,10 @@ class WanCheckpoint {
   // The file or folder whose identity names the transformer's weights (cache keys).
   std::filesystem::path transformer_path() const { return is_single_file() ? path_ : path_ / "transformer"; }
 
-  WanTransformer3DModel load_transformer(std::optional<at::ScalarType> dtype = std::nullopt) const;
+  // `keep_fp8`: an fp8 file's Linear weights stay codes (load_transformer above).
+  WanTransformer3DModel load_transformer(std::optional<at::ScalarType> dtype = std::nullopt, bool keep_fp8 = false) const;
   AutoencoderKLWan load_vae() const;
-  T5EncoderModel load_text_encoder(std::optional<at::ScalarType> dtype = std::nullopt) const;  // umT5
+  T5EncoderModel load_text_encoder(std::optional<at::ScalarType> dtype = std::nullopt, bool keep_fp8 = false) const;  // umT5
   T5Tokenizer load_tokenizer() const;
 
  private:
