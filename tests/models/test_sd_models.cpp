@@ -361,8 +361,9 @@ CATCH_TEST_CASE("VAE reconstruction loss: gradients equal diffusers'", "[vae][gr
     CATCH_REQUIRE(got.defined());
     // Relative to the tensor's largest gradient (float32 sums in another order), with a floor: the key
     // projections' biases have no gradient in exact arithmetic (softmax ignores a shift common to all
-    // keys), so both sides hold rounding noise of about 1e-9 there.
-    const double scale = std::max(want.abs().max().item<double>(), 1e-6);
+    // keys), so both sides hold rounding noise of about 1e-9 there, which depends on the attention
+    // kernel's summation order.
+    const double scale = std::max(want.abs().max().item<double>(), 1e-5);
     CATCH_CHECK((got - want).abs().max().item<double>() / scale < 1e-3);
     ++compared;
   }
