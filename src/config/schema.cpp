@@ -151,7 +151,7 @@ const Table<DatasetConfig>& dataset_table() {
     t.push_back(field("resolution", &S::resolution,
                       "Training resolutions (pixels per side); each one is a bucket set. Pixels scale "
                       "activation memory: 512->768 is x2.25, 512->1024 is x4.")
-                    .range(64, 4096)
+                    .range(32, 4096)
                     .min_items(1)
                     .lever());
     t.push_back(field("buckets", &S::buckets,
@@ -596,8 +596,8 @@ const Table<SampleItem>& sample_item_table() {
     using S = SampleItem;
     Table<S> t;
     t.push_back(field("prompt", &S::prompt, "The prompt (inline flags allowed). Required.").default_is("required"));
-    t.push_back(field("width", &S::width, "Width; null = sample.width.").range(64, 4096).lever());
-    t.push_back(field("height", &S::height, "Height; null = sample.height.").range(64, 4096).lever());
+    t.push_back(field("width", &S::width, "Width; null = sample.width.").range(32, 4096).lever());
+    t.push_back(field("height", &S::height, "Height; null = sample.height.").range(32, 4096).lever());
     t.push_back(field("neg", &S::neg, "Negative prompt; null = sample.neg."));
     t.push_back(field("seed", &S::seed, "Seed; null = sample.seed (+ index with walk_seed)."));
     t.push_back(field("guidance_scale", &S::guidance_scale, "CFG scale; null = sample.guidance_scale.").min(0));
@@ -629,8 +629,8 @@ const Table<SampleConfig>& sample_table() {
                     .normalize(lower_normalize));
     t.push_back(field("sample_every", &S::sample_every, "Generate previews every this many steps.").min(1).lever());
     t.push_back(field("sample_start_step", &S::sample_start_step, "No periodic previews before this step.").min(0));
-    t.push_back(field("width", &S::width, "Preview width.").range(64, 4096).lever());
-    t.push_back(field("height", &S::height, "Preview height.").range(64, 4096).lever());
+    t.push_back(field("width", &S::width, "Preview width.").range(32, 4096).lever());
+    t.push_back(field("height", &S::height, "Preview height.").range(32, 4096).lever());
     t.push_back(field("prompts", &S::prompts,
                       "Preview prompts. [trigger] is replaced by the trigger word; inline flags --w --h --seed "
                       "--cfg --steps --n (negative) --m (multiplier) stay in the string."));

@@ -69,6 +69,9 @@ class SDArchitecture final : public Architecture {
     for (int64_t width : text_widths_) n += kContextTokens * width + width;  // hidden states (+ SDXL's pooled)
     return n;
   }
+  // From the VAE's levels (SD's VAE: 8), as the trainer's traits.
+  int latent_downscale() const override { return static_cast<int>(vae_.downscale_factor()); }
+  int bucket_divisibility() const override { return 2 * latent_downscale(); }
 
  private:
   Tally walk_unet(const Shape& s, const Compute& c, bool training) const;

@@ -53,16 +53,17 @@ struct DemoModels {
   models::CLIPTextModelWithProjection text_encoder_2{nullptr};  // SDXL only
 };
 
-// VAE: four levels (downscale factor 8, as SD's) at small widths; `base` gives the family's
-// latent scale and tile size.
-nlohmann::json tiny_vae_json(const models::sd::VAEConfig& base) {
+// VAE: four levels (downscale factor 8, as SD's) at small widths, or three (factor 4, what the
+// pretrained demo base uses); `base` gives the family's latent scale and tile size.
+nlohmann::json tiny_vae_json(const models::sd::VAEConfig& base, int levels = 4) {
+  const std::vector<int64_t> widths = levels == 3 ? std::vector<int64_t>{32, 64, 64} : std::vector<int64_t>{32, 32, 64, 64};
   return {
       {"in_channels", 3},
       {"out_channels", 3},
       {"latent_channels", 4},
-      {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
-      {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}},
-      {"block_out_channels", {32, 32, 64, 64}},
+      {"down_block_types", std::vector<std::string>(widths.size(), "DownEncoderBlock2D")},
+      {"up_block_types", std::vector<std::string>(widths.size(), "UpDecoderBlock2D")},
+      {"block_out_channels", widths},
       {"layers_per_block", 1},
       {"norm_num_groups", 32},
       {"scaling_factor", base.scaling_factor},
@@ -96,12 +97,14 @@ nlohmann::json clip_vit_l_json(const models::CLIPTokenizer& tokenizer) {
 }
 
 // `norm_groups`: GroupNorm groups of the tiny UNet and VAE (32, what single-file loaders assume; the
-// pretrained base uses fewer, see DemoPretrainOptions).
-DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size, int64_t norm_groups = 32) {
+// pretrained base uses fewer, see DemoPretrainOptions); `vae_levels`: 4 (SD's) or 3; `latent_size`: the
+// UNet's sample_size (latent cells of its native images).
+DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size, int64_t norm_groups = 32, int vae_levels = 4,
+                     int64_t latent_size = 8) {
   // UNet: SD1's block structure at 64/128 channels; heads = channels / 64 (the convention that
   // UNetConfig::detect_from_weights reads back for non-768 context widths).
   nlohmann::json unet_json = {
-      {"sample_size", 8},
+      {"sample_size", latent_size},
       {"in_channels", 4},
       {"out_channels", 4},
       {"down_block_types", {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D"}},
@@ -112,7 +115,7 @@ DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size, int
       {"cross_attention_dim", 64},
       {"norm_num_groups", norm_groups},
   };
-  nlohmann::json vae_json = tiny_vae_json(models::sd::VAEConfig::sd());
+  nlohmann::json vae_json = tiny_vae_json(models::sd::VAEConfig::sd(), vae_levels);
   vae_json["norm_num_groups"] = norm_groups;
   DemoModels m;
   // Full size: the real SD1.5 shapes (diffusers defaults), for GPU smoke runs and benchmarks.
@@ -530,11 +533,20 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
     throw InputError("demo base: pretraining is for the tiny SD1 base only (no --arch, --full-size)");
   }
   const auto& pre = options.pretrain;
-  if (pre.enabled && (pre.images < 1 || pre.vae_steps < 1 || pre.vae_batch < 1 || pre.unet_steps < 1 || pre.unet_batch < 1)) {
-    throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1");
+  if (pre.enabled && (pre.images < 1 || pre.vae_steps < 1 || pre.vae_batch < 1 || pre.unet_steps < 1 || pre.unet_batch < 1 ||
+                      !(pre.vae_lr > 0 && pre.vae_lr < 1))) {
+    throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1, the learning rate in (0, 1)");
   }
   if (pre.enabled && (pre.vae_image_size < 8 || pre.vae_image_size > 512 || pre.vae_image_size % 8 != 0)) {
     throw InputError("demo base: the autoencoder's training image size must be a multiple of 8 in 8..512");
+  }
+  if (pre.enabled && pre.vae_levels != 3 && pre.vae_levels != 4) {
+    throw InputError("demo base: the pretrained VAE has 3 or 4 levels (4 or 8 pixels per latent cell)");
+  }
+  // Latents of an even size, which the UNet halves once: a multiple of twice the VAE's cell.
+  if (pre.enabled && (pre.image_size < 16 || pre.image_size > 512 || pre.image_size % (1 << pre.vae_levels) != 0)) {
+    throw InputError("demo base: the pretraining image size must be a multiple of " + std::to_string(1 << pre.vae_levels) +
+                     " in 16..512 (twice the latent cell of a " + std::to_string(pre.vae_levels) + "-level VAE)");
   }
   if (pre.enabled && (pre.norm_groups < 1 || 32 % pre.norm_groups != 0)) {
     throw InputError("demo base: pretraining norm groups must divide 32 (the tiny VAE's narrowest level)");
@@ -563,7 +575,8 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   }
   const bool sdxl = options.arch == DemoArch::kSDXL;
   DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size)
-                     : pre.enabled ? build_sd1(tokenizer, false, pre.norm_groups)
+                     : pre.enabled ? build_sd1(tokenizer, false, pre.norm_groups, pre.vae_levels,
+                                               pre.image_size >> (pre.vae_levels - 1))
                                    : build_sd1(tokenizer, options.full_size);
   if (pre.enabled) pretrain_sd_demo(models.unet, models.vae, models.text_encoder, tokenizer, pre, options.seed);
   // The pretrained base is a diffusers folder, whose configs carry its group count.

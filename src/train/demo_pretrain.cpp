@@ -1,5 +1,5 @@
 // Pretraining of the tiny SD1 demo base on generated shapes. Small enough to run in a few minutes on
-// two CPU cores: 64x64 images, 8x8 latents. The autoencoder learns shapes in random colours (so it can
+// two CPU cores: 32x32 images, 8x8 latents (DemoPretrainOptions' defaults). The autoencoder learns shapes in random colours (so it can
 // draw colours the diffusion model never saw), the UNet learns "a red circle on a blue background"
 // from captioned shapes in the caption palette (reading the features of the text encoder as it was
 // initialised), with a tenth of captions blank so that classifier-free guidance has an unconditional
@@ -22,8 +22,6 @@ namespace lt::train {
 
 namespace {
 
-constexpr int kImageSize = 64;
-
 at::Tensor stack_images(const std::vector<data::ShapeImage>& items) {
   std::vector<at::Tensor> tensors;
   tensors.reserve(items.size());
@@ -31,9 +29,8 @@ at::Tensor stack_images(const std::vector<data::ShapeImage>& items) {
   return torch::stack(tensors);
 }
 
-// Linear warm-up over the first 5% of steps, then cosine decay to a tenth.
-double learning_rate(double peak, int step, int steps) {
-  const int warmup = std::max(1, steps / 20);
+// Linear warm-up over the first `warmup` steps, then cosine decay to a tenth.
+double learning_rate(double peak, int step, int steps, int warmup) {
   if (step < warmup) return peak * (step + 1) / warmup;
   const double progress = static_cast<double>(step - warmup) / std::max(1, steps - warmup);
   return peak * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * progress)));
@@ -58,11 +55,11 @@ void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions
       stack_images(data::make_shape_images(o.images, o.vae_image_size, seed + 1, data::ShapeColours::random));
   data::Rng rng(data::mix_seed({seed, 0x564145ull}));
   vae->train();
-  constexpr double kPeakLr = 2e-3;
-  torch::optim::Adam optimizer(vae->parameters(), torch::optim::AdamOptions(kPeakLr));
+  torch::optim::Adam optimizer(vae->parameters(), torch::optim::AdamOptions(o.vae_lr));
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < o.vae_steps; ++step) {
-    set_lr(optimizer, learning_rate(kPeakLr, step, o.vae_steps));
+    // No warm-up: the autoencoder learned faster without (docs/benchmarks.md).
+    set_lr(optimizer, learning_rate(o.vae_lr, step, o.vae_steps, 0));
     const at::Tensor x = images.index_select(0, batch_indices(rng, images.size(0), o.vae_batch));
     // A deterministic autoencoder: the posterior's mean is decoded (its variance is pinned below).
     const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
@@ -76,14 +73,17 @@ void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions
   }
   vae->eval();
   {
-    // At the diffusion model's 64x64, on shapes it never saw; predicting mid-grey everywhere scores the
-    // images' mean square.
+    // At the diffusion model's image size, on shapes it never saw; predicting mid-grey everywhere scores
+    // the images' mean square, each image's mean colour their variance.
     torch::NoGradGuard no_grad;
     const at::Tensor held_out =
-        stack_images(data::make_shape_images(64, kImageSize, seed + 3, data::ShapeColours::random));
+        stack_images(data::make_shape_images(64, o.image_size, seed + 3, data::ShapeColours::random));
     const double mse = (vae->decode(vae->encode(held_out).mean) - held_out).pow(2).mean().item<double>();
-    spdlog::info("pretrain vae: {} GroupNorm groups, held-out reconstruction MSE {:.4f} (grey: {:.4f}), {:.0f} s",
-                 vae->config.norm_num_groups, mse, held_out.pow(2).mean().item<double>(), seconds_since(start));
+    const double mean_colour = (held_out - held_out.mean({2, 3}, true)).pow(2).mean().item<double>();
+    spdlog::info("pretrain vae: {} levels, {} GroupNorm groups, held-out reconstruction MSE {:.4f} (grey: {:.4f}, "
+                 "mean colour: {:.4f}), {:.0f} s",
+                 vae->config.block_out_channels.size(), vae->config.norm_num_groups, mse, held_out.pow(2).mean().item<double>(),
+                 mean_colour, seconds_since(start));
   }
   // The posterior's log-variance: e^-20, so that a latent sampled from it (as the trainer's latent
   // cache may do) is its mean.
@@ -117,7 +117,7 @@ void normalize_latents(models::sd::AutoencoderKL& vae, const at::Tensor& images)
 void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::AutoencoderKL& vae,
                      models::CLIPTextModel& text_encoder, const models::CLIPTokenizer& tokenizer,
                      const DemoPretrainOptions& o, uint64_t seed) {
-  auto items = data::make_shape_images(o.images, kImageSize, seed + 2, data::ShapeColours::palette);
+  auto items = data::make_shape_images(o.images, o.image_size, seed + 2, data::ShapeColours::palette);
   const at::Tensor images = stack_images(items);
   normalize_latents(vae, images);
   at::Tensor latents;
@@ -155,7 +155,7 @@ void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::Autoenc
   const auto start = std::chrono::steady_clock::now();
   double running = 0.0;
   for (int step = 0; step < o.unet_steps; ++step) {
-    set_lr(optimizer, learning_rate(1e-3, step, o.unet_steps));
+    set_lr(optimizer, learning_rate(1e-3, step, o.unet_steps, std::max(1, o.unet_steps / 20)));
     at::Tensor idx = batch_indices(rng, latents.size(0), o.unet_batch);
     at::Tensor caption_idx = idx.clone();
     for (int64_t i = 0; i < caption_idx.size(0); ++i) {

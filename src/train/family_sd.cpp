@@ -1,4 +1,4 @@
-// Stable Diffusion 1.x / 2.x: UNet2DConditionModel, AutoencoderKL (4 latent channels, factor 8),
+// Stable Diffusion 1.x / 2.x: UNet2DConditionModel, AutoencoderKL (4 latent channels; SD's 8 pixels per latent cell, or what the VAE config gives),
 // one CLIP text encoder whose final hidden states condition the UNet; DDPM noise with epsilon
 // (SD1, SD2-base) or v-prediction (SD2 768-v, `model.is_v_pred`). Loaded from a single-file
 // checkpoint (LDM keys, as downloaded from model sites) or a diffusers folder (unet/, vae/,
@@ -25,6 +25,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A separate VAE file (model.vae_path) in diffusers names, or in LDM names as extracted from a checkpoint.
+std::string vae_file_prefix(const io::SafetensorsFile& file) {
+  return file.contains("first_stage_model.encoder.conv_in.weight") ? "first_stage_model." : "";
+}
+
 class SDModel final : public DiffusionModel {
  public:
   SDModel(ModelLoadOptions options, const models::Detection& detection);
@@ -44,6 +49,7 @@ class SDModel final : public DiffusionModel {
   void release(Encoder which) override;
 
  private:
+  models::sd::VAEConfig vae_config() const;
   models::sd::AutoencoderKL load_vae() const;
   models::CLIPTextModel load_text_encoder() const;
 
@@ -78,8 +84,6 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
   traits_.prediction = options_.v_prediction ? sample::PredictionType::kVPrediction : sample::PredictionType::kEpsilon;
   // SD1.x and SD2.x share SD1.5's scheduler config; v-prediction models (SD2.x 768) their own.
   traits_.scheduler_config = options_.v_prediction ? "sd2_v" : "sd15";
-  // The UNet halves the latent three times: buckets are multiples of 8 (VAE) x 2.
-  traits_.bucket_divisibility = 16;
   model_id_ = std::string(playbook::to_string(traits_.family)) + "|" +
               family::file_identity(single_file_ ? path : path / "unet") + "|" + c10::toString(options_.dtype);
 
@@ -111,7 +115,10 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
   // A trained text encoder is needed at once (its adapters attach at load).
   if (!options_.defer_encoders || options_.train_text_encoder) text_encoder_.get();
   if (!options_.defer_encoders) vae_.get();
-  traits_.latent_downscale = 8;
+  // Pixels per latent cell from the VAE's levels (SD's VAE: 8; a three-level VAE: 4), read from its
+  // config or weight shapes without loading it; buckets are multiples of that x 2.
+  traits_.latent_downscale = vae_config().downscale_factor();
+  traits_.bucket_divisibility = 2 * traits_.latent_downscale;
 }
 
 models::CLIPTextModel SDModel::load_text_encoder() const {
@@ -128,23 +135,23 @@ models::CLIPTextModel SDModel::load_text_encoder() const {
   return text_encoder;
 }
 
-models::sd::AutoencoderKL SDModel::load_vae() const {
-  const fs::path& path = options_.name_or_path;
-  models::sd::AutoencoderKL vae(nullptr);
+models::sd::VAEConfig SDModel::vae_config() const {
   if (options_.vae_path) {
     auto file = io::SafetensorsFile::open(*options_.vae_path);
-    const std::string prefix = file->contains("first_stage_model.encoder.conv_in.weight") ? "first_stage_model." : "";
-    vae = models::sd::AutoencoderKL(models::sd::VAEConfig::detect_from_weights(*file, prefix));
-    models::sd::load_vae(*vae, *file);
+    return models::sd::VAEConfig::detect_from_weights(*file, vae_file_prefix(*file));
+  }
+  if (single_file_) return models::sd::VAEConfig::detect_from_weights(*single_file_handle_, "first_stage_model.");
+  return models::sd::VAEConfig::from_json(models::sd::read_component_config(options_.name_or_path / "vae"));
+}
+
+models::sd::AutoencoderKL SDModel::load_vae() const {
+  models::sd::AutoencoderKL vae(vae_config());
+  if (options_.vae_path) {
+    models::sd::load_vae(*vae, *io::SafetensorsFile::open(*options_.vae_path));
   } else if (single_file_) {
-    auto config = models::sd::VAEConfig::detect_from_weights(*single_file_handle_, "first_stage_model.");
-    vae = models::sd::AutoencoderKL(config);
     models::sd::load_vae(*vae, *single_file_handle_);
   } else {
-    auto config = models::sd::VAEConfig::from_json(models::sd::read_component_config(path / "vae"));
-    vae = models::sd::AutoencoderKL(config);
-    auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "vae"));
-    models::sd::load_vae(*vae, *weights);
+    models::sd::load_vae(*vae, *io::SafetensorsFile::open(models::sd::diffusers_component_weights(options_.name_or_path / "vae")));
   }
   return vae;
 }

@@ -339,3 +339,33 @@ CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
   CATCH_CHECK(vae->encode(wide).mean.sizes() == std::vector<int64_t>{1, 4, 22, 46});
   CATCH_CHECK(vae->decode(torch::randn({1, 4, 22, 46})).sizes() == std::vector<int64_t>{1, 3, 44, 92});
 }
+
+// The autoencoder's training step (lt-make-demo-base --pretrain): the gradients of
+// mse(decode(encode(x).mean), x) for every parameter equal diffusers' (grads.safetensors: AutoencoderKL
+// 0.38.0 on torch 1.13 from the fixture's weights and in.image, in train mode), so that a VAE learning
+// slowly is the recipe's doing and not a wrong backward.
+CATCH_TEST_CASE("VAE reconstruction loss: gradients equal diffusers'", "[vae][gradients]") {
+  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
+  load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));
+  vae->train();
+  const at::Tensor x = lt::io::SafetensorsFile::open(kVaeCase / "io.safetensors")->load("in.image");
+  const auto expected = lt::io::SafetensorsFile::open(kVaeCase / "grads.safetensors");
+  const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
+  loss.backward();
+  CATCH_CHECK(loss.item<double>() == Approx(expected->load("out.loss").item<double>()).epsilon(1e-5));
+  size_t compared = 0;
+  for (const auto& p : vae->named_parameters(true)) {
+    CATCH_INFO(p.key());
+    const at::Tensor want = expected->load("grad." + p.key());
+    const at::Tensor got = p.value().grad();
+    CATCH_REQUIRE(got.defined());
+    // Relative to the tensor's largest gradient (float32 sums in another order), with a floor: the key
+    // projections' biases have no gradient in exact arithmetic (softmax ignores a shift common to all
+    // keys), so both sides hold rounding noise of about 1e-9 there, which depends on the attention
+    // kernel's summation order.
+    const double scale = std::max(want.abs().max().item<double>(), 1e-5);
+    CATCH_CHECK((got - want).abs().max().item<double>() / scale < 1e-3);
+    ++compared;
+  }
+  CATCH_CHECK(compared + 1 == expected->tensors().size());
+}

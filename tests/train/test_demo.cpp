@@ -1,12 +1,13 @@
 // The demo shows learning: lt-make-demo-base --pretrain gives a base that has learned shapes in the
 // palette's colours, and the demo's LoRA (configs/demo.yaml) teaches it a colour it never saw (cyan)
 // under the trigger word "ltdemo", and only there. The acceptance case is hidden ("[demo-full]"):
-// the pretraining does not yet give a VAE that reproduces colours (docs/benchmarks.md, "The demo's
-// pretraining"), so its thresholds are targets, not yet measured on a passing run.
+// the pretrained base now reproduces colours, but its LoRA shows the concept only weakly
+// (docs/benchmarks.md, "The demo's pretraining"), so its thresholds are targets.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -32,7 +33,8 @@ double reconstruction_mse(const fs::path& model_dir) {
   model->set_training(false);
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> images;
-  for (const auto& item : lt::data::make_shape_images(32, 64, 999, lt::data::ShapeColours::random)) {
+  for (const auto& item : lt::data::make_shape_images(32, lt::train::DemoPretrainOptions{}.image_size, 999,
+                                                      lt::data::ShapeColours::random)) {
     images.push_back(lt::io::image_to_tensor(item.image));
   }
   const at::Tensor x = torch::stack(images);
@@ -67,26 +69,93 @@ CATCH_TEST_CASE("pretraining is offered for the tiny SD1 base only, with a group
   options.arch = lt::train::DemoArch::kSD1;
   options.pretrain.norm_groups = 3;
   CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "groups", options), lt::InputError);
+  options.pretrain.norm_groups = 1;
+  options.pretrain.vae_levels = 2;
+  CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "levels", options), lt::InputError);
+  options.pretrain.vae_levels = 4;
+  options.pretrain.image_size = 40;  // 5 latent cells of 8: the UNet cannot halve them
+  CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "size", options), lt::InputError);
   CATCH_CHECK_FALSE(fs::exists(dir / "sdxl"));
   CATCH_CHECK_FALSE(fs::exists(dir / "groups"));
+  CATCH_CHECK_FALSE(fs::exists(dir / "levels"));
+  CATCH_CHECK_FALSE(fs::exists(dir / "size"));
+}
+
+// The pretrained base's VAE has three levels (4 pixels per latent cell): the trainer's loader reads the
+// factor from its config rather than assuming SD's 8, and a run on it trains, previews and saves.
+CATCH_TEST_CASE("the loaders take the latent scale from the VAE's config", "[demo]") {
+  const fs::path dir = lt::test::scratch_dir("demo_levels");
+  for (const int levels : {3, 4}) {
+    lt::train::DemoBaseOptions base;
+    base.pretrain.enabled = true;
+    base.pretrain.vae_levels = levels;
+    base.pretrain.image_size = 32;
+    base.pretrain.images = 8;
+    base.pretrain.vae_steps = 1;
+    base.pretrain.unet_steps = 1;
+    base.pretrain.vae_batch = base.pretrain.unet_batch = 2;
+    const fs::path folder = dir / ("base" + std::to_string(levels));
+    lt::train::write_demo_base(folder, base);
+    lt::train::ModelLoadOptions options;
+    options.name_or_path = folder;
+    auto model = lt::train::load_diffusion_model(options);
+    const int64_t cell = levels == 3 ? 4 : 8;
+    CATCH_CHECK(model->traits().latent_downscale == cell);
+    CATCH_CHECK(model->traits().bucket_divisibility == 2 * cell);
+    torch::NoGradGuard no_grad;
+    const at::Tensor pixels = torch::zeros({1, 3, 32, 48});
+    const at::Tensor latents = model->encode_pixels(pixels, std::nullopt);
+    CATCH_CHECK(latents.sizes() == at::IntArrayRef({1, 4, 32 / cell, 48 / cell}));
+    CATCH_CHECK(model->decode_latents(latents).sizes() == pixels.sizes());
+  }
+  // configs/demo.yaml's run on the three-level base at 32 px, with a preview: the previews' latents
+  // come from the same factor.
+  lt::data::DemoDataOptions data;
+  data.count = 4;
+  data.size = 32;
+  lt::data::make_demo_dataset(dir / "data", data);
+  lt::train::RunRequest run;
+  run.config_path = lt::test::source_dir() / "configs" / "demo.yaml";
+  run.overrides = {"training_folder=" + (dir / "runs").string(), "model.name_or_path=" + (dir / "base3").string(),
+                   "datasets.0.folder_path=" + (dir / "data").string(), "datasets.0.resolution=[32]",
+                   "train.steps=2", "sample.sample_every=2", "sample.width=32", "sample.height=32", "sample.sample_steps=2"};
+  const auto result = lt::train::run_training(run);
+  CATCH_REQUIRE(result.exit_code == 0);
+  CATCH_CHECK(result.steps_completed == 2);
+  // The previews at step 2 (one per prompt of the config) are 32x32.
+  size_t previews = 0;
+  for (const auto& entry : fs::directory_iterator(result.run_dir / "samples")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find("__000000002_") == std::string::npos) continue;
+    const lt::io::Image image = lt::io::read_image(entry.path());
+    CATCH_CHECK(image.width == 32);
+    CATCH_CHECK(image.height == 32);
+    ++previews;
+  }
+  CATCH_CHECK(previews > 0);
 }
 
 // The whole demo: pretraining with the defaults, configs/demo.yaml's run on the concept dataset
 // (lt-make-demo-data --concept-every 2), then samples with and without the LoRA and the trigger word.
+// LT_DEMO_PRETRAINED=DIR takes a base that `lt-make-demo-base DIR --pretrain` (the defaults) wrote
+// instead of pretraining one here (the pretraining is most of the time).
 CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word and not without it", "[.][demo-full]") {
   const fs::path dir = lt::test::scratch_dir("demo_full");
   auto start = std::chrono::steady_clock::now();
   lt::train::DemoBaseOptions base;
   base.pretrain.enabled = true;
-  lt::train::write_demo_base(dir / "base", base);
+  const char* given = std::getenv("LT_DEMO_PRETRAINED");
+  const fs::path base_dir = given ? fs::path(given) : dir / "base";
+  if (!given) lt::train::write_demo_base(base_dir, base);
   const double pretrain_s = seconds_since(start);
 
-  // A diffusers folder whose configs carry the group count the loaders must use.
+  // A diffusers folder whose configs carry the group count and the levels the loaders must use.
   nlohmann::json vae_config;
-  std::ifstream(dir / "base" / "vae" / "config.json") >> vae_config;
+  std::ifstream(base_dir / "vae" / "config.json") >> vae_config;
   CATCH_CHECK(vae_config.at("norm_num_groups") == base.pretrain.norm_groups);
-  CATCH_REQUIRE(fs::exists(dir / "base" / "model_index.json"));
-  const double mse = reconstruction_mse(dir / "base");
+  CATCH_CHECK(vae_config.at("block_out_channels").size() == static_cast<size_t>(base.pretrain.vae_levels));
+  CATCH_REQUIRE(fs::exists(base_dir / "model_index.json"));
+  const double mse = reconstruction_mse(base_dir);
 
   lt::data::DemoDataOptions data;
   data.concept_every = 2;
@@ -97,8 +166,11 @@ CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word a
   run.config_path = lt::test::source_dir() / "configs" / "demo.yaml";
   // No trigger word prepended: the concept captions carry "ltdemo" in the colour's place, the others
   // must stay without it.
-  run.overrides = {"training_folder=" + (dir / "runs").string(), "model.name_or_path=" + (dir / "base").string(),
-                   "datasets.0.folder_path=" + (dir / "data").string(), "trigger_word="};
+  // The pretrained base's 32 px, and the learning rate that showed the concept best in 120 steps
+  // (docs/benchmarks.md; configs/demo.yaml still runs the random base at 64 px).
+  run.overrides = {"training_folder=" + (dir / "runs").string(), "model.name_or_path=" + base_dir.string(),
+                   "datasets.0.folder_path=" + (dir / "data").string(), "trigger_word=",
+                   "datasets.0.resolution=[32]", "sample.width=32", "sample.height=32", "train.lr=1e-2"};
   const auto result = lt::train::run_training(run);
   const double train_s = seconds_since(start);
   CATCH_REQUIRE(result.exit_code == 0);
@@ -138,6 +210,9 @@ CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word a
   CATCH_INFO("cyan share of the base: trigger " << untrained.concept_with << ", no trigger " << untrained.concept_without);
   CATCH_INFO("red share, 'a circle on a red background': base " << untrained.red_without << ", LoRA "
                                                                 << trained.red_without);
+  // Targets, not yet met (measured on the defaults' base, 2026-12-05: MSE 0.042; base red 0.32, cyan
+  // 0.003 with the word and 0.067 without it, the base's own teal; LoRA cyan 0.043 with, 0.002
+  // without, red 0.47; docs/benchmarks.md). The acceptance case stays hidden until they pass.
   CATCH_CHECK(mse < 0.02);
   // The base draws the colour a prompt names (the red background fills most of the picture).
   CATCH_CHECK(untrained.red_without > 0.3);

@@ -1,6 +1,6 @@
 // lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell|wan21] [--diffusers] [--seed N] [--full-size]
 //                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N] [--norm-groups N]
-//                   [--vae-image-size N]]:
+//                   [--vae-image-size N] [--vae-levels 3|4] [--image-size N] [--vae-lr LR]]:
 // writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
 // shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--unet-steps", pre.unet_steps, "UNet steps (batches of " + std::to_string(pre.unet_batch) + ")")
       ->capture_default_str();
+  app.add_option("--vae-levels", pre.vae_levels, "levels of the pretrained VAE: 3 (4 pixels per latent cell) or 4 (8, SD's)")
+      ->capture_default_str();
+  app.add_option("--image-size", pre.image_size, "the pretrained base's square image size (pixels)")->capture_default_str();
+  app.add_option("--vae-lr", pre.vae_lr, "the autoencoder's peak learning rate (Adam)")->capture_default_str();
   app.add_option("--norm-groups", pre.norm_groups, "GroupNorm groups of the pretrained VAE and UNet (divides 32)")
       ->capture_default_str();
   app.add_option("--dtype", dtype, "dtype of the written weights")

@@ -51,6 +51,8 @@ struct VAEConfig {
   // shift_factor are not stored in weights: SD's values for 4 latent channels, Flux's for 16.
   static VAEConfig detect_from_weights(const io::SafetensorsFile& file, const std::string& prefix);
   nlohmann::json to_json() const;
+  // Pixels per latent cell: every level but the last halves the image (SD's four levels: 8).
+  int64_t downscale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
 };
 
 // Mirrors diffusers `UNetMidBlock2D` as the VAE uses it: resnet, (attention, resnet); no time embedding.
@@ -140,7 +142,7 @@ class AutoencoderKLImpl : public torch::nn::Module {
 
   void set_gradient_checkpointing(bool on);
   void set_attention_query_chunk(int64_t rows);
-  int64_t downscale_factor() const { return int64_t{1} << (config.block_out_channels.size() - 1); }
+  int64_t downscale_factor() const { return config.downscale_factor(); }
 
   VAEConfig config;
   Encoder encoder{nullptr};
