@@ -389,6 +389,40 @@ CATCH_TEST_CASE("Flux: kohya's BFL layout (fused qkv and linear1, ss_* metadata)
   CATCH_CHECK(with_kohya != draw(kohya_file, 0.0, "s_base"));
 }
 
+namespace {
+
+// The guard tests' runs: each under ROOT/NAME with the test's settings, the run's report and each
+// step's own peak (metrics.jsonl).
+struct GuardRuns {
+  std::filesystem::path root;
+  std::vector<std::string> shape;
+
+  lt::train::RunResult run(const std::string& name, int steps, const std::string& memory, const std::string& sample,
+                           const std::vector<std::string>& extra) const {
+    lt::train::RunRequest request;
+    request.config_path = lt::test::write_tiny_config(root / name, name, steps, "", memory, sample);
+    request.overrides = shape;
+    request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
+    return lt::train::run_training(request);
+  }
+  lt::train::RunResult run(const std::string& name, int steps, const std::string& memory,
+                           const std::vector<std::string>& extra) const {
+    return run(name, steps, memory, "", extra);
+  }
+  nlohmann::json report(const std::string& name) const { return read_json(root / name / name / "report.json"); }
+  static int64_t peak(const nlohmann::json& report, const char* phase) {
+    return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
+  }
+  std::vector<int64_t> step_peaks(const std::string& name) const {
+    std::vector<int64_t> out;
+    std::ifstream in(root / name / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("mem_peak").get<int64_t>());
+    return out;
+  }
+};
+
+}  // namespace
+
 CATCH_TEST_CASE("Flux under a simulated VRAM budget: buckets [256, 384, 512] at batch 2 without checkpointing go down the "
                 "whole image ladder (checkpointing, batch 1 + accumulation, drop 512, smaller previews) and finish every "
                 "step; diagnose names Flux and the next lever",
@@ -417,24 +451,7 @@ CATCH_TEST_CASE("Flux under a simulated VRAM budget: buckets [256, 384, 512] at 
                        every, size, size);
   };
   const std::string reactive = "        oom_guard:\n          plan: false\n";
-  auto run = [&](const std::string& name, int steps, const std::string& memory, const std::string& sample,
-                 std::vector<std::string> extra) {
-    lt::train::RunRequest request;
-    request.config_path = lt::test::write_tiny_config(root / name, name, steps, "", memory, sample);
-    request.overrides = shape;
-    request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
-    return lt::train::run_training(request);
-  };
-  auto report_of = [&](const std::string& name) { return read_json(root / name / name / "report.json"); };
-  auto peak = [](const nlohmann::json& report, const char* phase) {
-    return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
-  };
-  auto step_peaks = [&](const std::string& name) {  // metrics.jsonl: each step's own peak
-    std::vector<int64_t> out;
-    std::ifstream in(root / name / name / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("mem_peak").get<int64_t>());
-    return out;
-  };
+  const GuardRuns runs{root, shape};
 
   // Calibration with the settings each rung leaves (attention chunked as the guard's first lever,
   // checkpointing, batch 1): every 512 entry (one epoch) with a tiled 512 preview; and every 256 and
@@ -445,29 +462,29 @@ CATCH_TEST_CASE("Flux under a simulated VRAM budget: buckets [256, 384, 512] at 
     more.insert(more.begin(), conservative.begin(), conservative.end());
     return more;
   };
-  CATCH_REQUIRE(run("only512", 4, "", previews(512, 4), with({"datasets.0.resolution=[512]"})).exit_code == 0);
-  CATCH_REQUIRE(run("without512", 8, "", previews(256, 8), with({"datasets.0.resolution=[256, 384]"})).exit_code == 0);
-  const auto only512 = report_of("only512"), without512 = report_of("without512");
-  const auto peaks512 = step_peaks("only512");
+  CATCH_REQUIRE(runs.run("only512", 4, "", previews(512, 4), with({"datasets.0.resolution=[512]"})).exit_code == 0);
+  CATCH_REQUIRE(runs.run("without512", 8, "", previews(256, 8), with({"datasets.0.resolution=[256, 384]"})).exit_code == 0);
+  const auto only512 = runs.report("only512"), without512 = runs.report("without512");
+  const auto peaks512 = runs.step_peaks("only512");
   CATCH_REQUIRE(peaks512.size() == 4);
   // What must fit: training without the 512 bucket, the small preview, loading and saving.
   int64_t floor_peak = 0;
-  for (const char* phase : {"load", "train_step", "sample", "save"}) floor_peak = std::max(floor_peak, peak(without512, phase));
-  floor_peak = std::max({floor_peak, peak(only512, "load"), peak(only512, "save")});
+  for (const char* phase : {"load", "train_step", "sample", "save"}) floor_peak = std::max(floor_peak, GuardRuns::peak(without512, phase));
+  floor_peak = std::max({floor_peak, GuardRuns::peak(only512, "load"), GuardRuns::peak(only512, "save")});
   // What must not: any 512 step at batch 1 with checkpointing, and the tiled 512 preview.
-  const int64_t ceiling = std::min(*std::min_element(peaks512.begin(), peaks512.end()), peak(only512, "sample"));
-  CATCH_INFO("512 steps at batch 1 " << nlohmann::json(peaks512).dump() << ", tiled 512 preview " << peak(only512, "sample")
-                                     << "; without 512: steps " << peak(without512, "train_step") << ", 256 preview "
-                                     << peak(without512, "sample") << "; floor " << floor_peak);
+  const int64_t ceiling = std::min(*std::min_element(peaks512.begin(), peaks512.end()), GuardRuns::peak(only512, "sample"));
+  CATCH_INFO("512 steps at batch 1 " << nlohmann::json(peaks512).dump() << ", tiled 512 preview " << GuardRuns::peak(only512, "sample")
+                                     << "; without 512: steps " << GuardRuns::peak(without512, "train_step") << ", 256 preview "
+                                     << GuardRuns::peak(without512, "sample") << "; floor " << floor_peak);
   CATCH_REQUIRE(ceiling > floor_peak * 21 / 20);
   const int64_t budget = floor_peak + (ceiling - floor_peak) / 2;
 
   // 12 steps: the first epoch (six batches of 2) holds a 512 batch; previews at the end only, so
   // that the training rungs come first as in the playbook.
   const int steps = 12;
-  auto guarded = run("guarded", steps, reactive + "        simulate_vram: " + std::to_string(budget) + "\n",
+  auto guarded = runs.run("guarded", steps, reactive + "        simulate_vram: " + std::to_string(budget) + "\n",
                      previews(512, steps), {});
-  const auto report = report_of("guarded");
+  const auto report = runs.report("guarded");
   CATCH_INFO("budget " << budget << "\n" << report.at("attempts").dump(1));
   CATCH_REQUIRE(guarded.exit_code == 0);
   CATCH_CHECK(guarded.steps_completed == steps);
@@ -580,49 +597,33 @@ CATCH_TEST_CASE("Flux under a simulated VRAM budget that no step fits with the t
                                           "train.batch_size=1", "train.gradient_checkpointing=true",
                                           "memory.attention_chunk=1024", "datasets.0.resolution=[256]",
                                           "datasets.0.cache_latents_to_disk=true"};
-  auto run = [&](const std::string& name, int steps, const std::string& memory, std::vector<std::string> extra) {
-    lt::train::RunRequest request;
-    request.config_path = lt::test::write_tiny_config(root / name, name, steps, "", memory);
-    request.overrides = shape;
-    request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
-    return lt::train::run_training(request);
-  };
-  auto report_of = [&](const std::string& name) { return read_json(root / name / name / "report.json"); };
-  auto peak = [](const nlohmann::json& report, const char* phase) {
-    return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
-  };
-  auto step_peaks = [&](const std::string& name) {  // metrics.jsonl: each step's own peak
-    std::vector<int64_t> out;
-    std::ifstream in(root / name / name / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("mem_peak").get<int64_t>());
-    return out;
-  };
+  const GuardRuns runs{root, shape};
 
   // Calibration with the settings the two rungs leave, one epoch each (every bucket): low_vram alone
   // (none of its steps may fit), and low_vram with the guard's int8 base (everything must fit).
   const int steps = 4;
-  CATCH_REQUIRE(run("latents", 1, "", {}).exit_code == 0);
-  CATCH_REQUIRE(run("low_vram", steps, "", {"model.low_vram=true"}).exit_code == 0);
-  CATCH_REQUIRE(run("low_vram_int8", steps, "", {"model.low_vram=true", "model.quantize=true", "model.qtype=qint8",
+  CATCH_REQUIRE(runs.run("latents", 1, "", {}).exit_code == 0);
+  CATCH_REQUIRE(runs.run("low_vram", steps, "", {"model.low_vram=true"}).exit_code == 0);
+  CATCH_REQUIRE(runs.run("low_vram_int8", steps, "", {"model.low_vram=true", "model.quantize=true", "model.qtype=qint8",
                                                  "model.quantize_te=false"}).exit_code == 0);
-  const auto low_vram = report_of("low_vram"), quantized = report_of("low_vram_int8");
+  const auto low_vram = runs.report("low_vram"), quantized = runs.report("low_vram_int8");
   int64_t floor_peak = 0;
   for (const auto& [phase, value] : quantized.at("peaks").items()) {
     floor_peak = std::max(floor_peak, value.at("peak_allocated").get<int64_t>());
   }
-  for (const char* phase : {"load", "cache", "save"}) floor_peak = std::max(floor_peak, peak(low_vram, phase));
-  const auto full_steps = step_peaks("low_vram");
+  for (const char* phase : {"load", "cache", "save"}) floor_peak = std::max(floor_peak, GuardRuns::peak(low_vram, phase));
+  const auto full_steps = runs.step_peaks("low_vram");
   CATCH_REQUIRE(full_steps.size() == static_cast<size_t>(steps));
   const int64_t ceiling = *std::min_element(full_steps.begin(), full_steps.end());
   CATCH_INFO("low_vram steps " << nlohmann::json(full_steps).dump() << ", int8 steps "
-                               << nlohmann::json(step_peaks("low_vram_int8")).dump() << "; floor (low_vram's load, cache, "
+                               << nlohmann::json(runs.step_peaks("low_vram_int8")).dump() << "; floor (low_vram's load, cache, "
                                << "save; every phase with the int8 base) " << floor_peak);
   CATCH_REQUIRE(ceiling > floor_peak * 21 / 20);
   const int64_t budget = floor_peak + (ceiling - floor_peak) / 2;
 
-  auto guarded = run("guarded", steps, "        oom_guard:\n          plan: false\n        simulate_vram: " +
+  auto guarded = runs.run("guarded", steps, "        oom_guard:\n          plan: false\n        simulate_vram: " +
                                            std::to_string(budget) + "\n", {});
-  const auto report = report_of("guarded");
+  const auto report = runs.report("guarded");
   CATCH_INFO("budget " << budget << "\n" << report.at("attempts").dump(1));
   CATCH_REQUIRE(guarded.exit_code == 0);
   CATCH_CHECK(guarded.steps_completed == steps);
