@@ -3,12 +3,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <string>
 
 namespace lt::test {
 
 inline std::filesystem::path source_dir() { return LT_SOURCE_DIR; }
 inline std::filesystem::path fixtures_dir() { return LT_FIXTURES_DIR; }
 inline std::filesystem::path binary_dir() { return LT_BINARY_DIR; }
+
+// One case of the diffusers/transformers reference outputs (tests/fixtures/parity/<name>).
+inline std::filesystem::path parity_case(const std::string& name) { return fixtures_dir() / "parity" / name; }
 
 // ../shared beside the checkout (holds the real CLIP vocabulary); absent on some machines.
 inline std::optional<std::filesystem::path> shared_dir() {

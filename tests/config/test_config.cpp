@@ -7,10 +7,13 @@
 #include "loratrain/config/config.h"
 #include "loratrain/config/schema.h"
 #include "scoped_env.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace lt::config;
+
+using lt::test::write_file;
+using lt::test::config_error_of;
 
 namespace {
 
@@ -26,20 +29,6 @@ config:
 meta:
   name: "[name]"
 )";
-
-void write(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 
@@ -162,7 +151,7 @@ CATCH_TEST_CASE("a not-yet AI Toolkit key is accepted at its default only", "[co
   text.replace(text.find("      model:\n"), 0, "      logging: {use_wandb: false}\n      save: {push_to_hub: false}\n");
   CATCH_CHECK_NOTHROW(parse_config_text(text, "ok.yaml"));
   text.replace(text.find("use_wandb: false"), 16, "use_wandb: true");
-  const std::string msg = error_of([&] { parse_config_text(text, "x.yaml"); });
+  const std::string msg = config_error_of([&] { parse_config_text(text, "x.yaml"); });
   CATCH_CHECK(msg.find("key 'logging.use_wandb' is an AI Toolkit setting that lora-train does not support yet") !=
               std::string::npos);
 }
@@ -195,21 +184,21 @@ CATCH_TEST_CASE("overrides set keys inside the process and are validated", "[con
     }
   }
   CATCH_SECTION("unknown keys, indices and shapes") {
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.bach_size=2"}); }) ==
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.bach_size=2"}); }) ==
                 "--set train.bach_size=2: unknown key 'bach_size' in train (did you mean 'batch_size'?)");
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"datasets.3.resolution=512"}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"datasets.3.resolution=512"}); })
                     .find("'3' does not name an item of datasets (the config has 1") != std::string::npos);
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.batch_size.x=2"}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.batch_size.x=2"}); })
                     .find("not a section") != std::string::npos);
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.batch_size"}); }) ==
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.batch_size"}); }) ==
                 "--set train.batch_size: expected KEY=VALUE, e.g. --set train.batch_size=2");
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"datasets.0.resolution=[512,"}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"datasets.0.resolution=[512,"}); })
                     .find("the value is not valid YAML") != std::string::npos);
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.dtype=bf17"}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"train.dtype=bf17"}); })
                     .find("did you mean 'bf16'?") != std::string::npos);
   }
   CATCH_SECTION("cross-key rules see the override") {
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"model.name_or_path="}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimal, "m.yaml", {"model.name_or_path="}); })
                     .find("model: missing required key 'name_or_path'") != std::string::npos);
   }
 }
@@ -227,7 +216,7 @@ CATCH_TEST_CASE("set_value is the setter the OOM guard uses", "[config]") {
   CATCH_CHECK(p.train.gradient_accumulation == 4);
   CATCH_CHECK(p.sample.sample_steps == 10);
   CATCH_CHECK(p.train.disable_sampling);
-  CATCH_CHECK(error_of([&] { set_value(job, "train.batch_size", "0", "oom guard"); }) ==
+  CATCH_CHECK(config_error_of([&] { set_value(job, "train.batch_size", "0", "oom guard"); }) ==
               "oom guard: out of range: must be between 1 and 1024, got 0");
   // The fixed config round-trips through YAML.
   JobConfig again = parse_config_text(dump_effective_yaml(job), "fixed.yaml");
@@ -277,8 +266,8 @@ CATCH_TEST_CASE("validate_paths checks dataset folders where they are set", "[co
   const fs::path dir = lt::test::scratch_dir("config_paths");
   fs::create_directories(dir / "empty");
   fs::create_directories(dir / "images");
-  write(dir / "images" / "a.png", "not really a png");
-  write(dir / "empty" / "notes.txt", "captions only");
+  write_file(dir / "images" / "a.png", "not really a png");
+  write_file(dir / "empty" / "notes.txt", "captions only");
   auto config_for = [&](const std::string& folder) {
     std::string text = kMinimal;
     text.replace(text.find("/data/images"), 12, folder);
@@ -286,7 +275,7 @@ CATCH_TEST_CASE("validate_paths checks dataset folders where they are set", "[co
   };
   // The base as a repo id in a (fake) local Hugging Face cache.
   fs::create_directories(dir / "hub" / "models--org--hub-model" / "snapshots" / "c0ffee");
-  write(dir / "hub" / "models--org--hub-model" / "snapshots" / "c0ffee" / "model_index.json", "{}");
+  write_file(dir / "hub" / "models--org--hub-model" / "snapshots" / "c0ffee" / "model_index.json", "{}");
   lt::test::ScopedEnv env;
   env.set("HF_HUB_CACHE", (dir / "hub").string());
   auto check = [&](const std::string& folder) {
@@ -294,17 +283,17 @@ CATCH_TEST_CASE("validate_paths checks dataset folders where they are set", "[co
     validate_paths(job);
   };
   CATCH_CHECK_NOTHROW(check((dir / "images").string()));
-  CATCH_CHECK(error_of([&] { check((dir / "missing").string()); })
+  CATCH_CHECK(config_error_of([&] { check((dir / "missing").string()); })
                   .find("paths.yaml:7:11: datasets.0.folder_path: dataset folder '") == 0);
-  CATCH_CHECK(error_of([&] { check((dir / "missing").string()); }).find("does not exist") != std::string::npos);
-  CATCH_CHECK(error_of([&] { check((dir / "empty").string()); }).find("is empty: it holds no images") !=
+  CATCH_CHECK(config_error_of([&] { check((dir / "missing").string()); }).find("does not exist") != std::string::npos);
+  CATCH_CHECK(config_error_of([&] { check((dir / "empty").string()); }).find("is empty: it holds no images") !=
               std::string::npos);
   // A missing local checkpoint is reported at model.name_or_path.
   JobConfig job = parse_config_text(config_for((dir / "images").string()), "paths.yaml");
-  CATCH_CHECK(error_of([&] { validate_paths(job); }) ==
+  CATCH_CHECK(config_error_of([&] { validate_paths(job); }) ==
               "paths.yaml:9:9: model.name_or_path: '/models/base.safetensors' does not exist");
   // A repo id missing from the cache is reported at the key too (the resolver's own tests: test_model_path.cpp).
-  CATCH_CHECK(error_of([&] {
+  CATCH_CHECK(config_error_of([&] {
                 validate_paths(parse_config_text(config_for((dir / "images").string()), "paths.yaml",
                                                  {"model.name_or_path=org/other"}));
               }).find("--set model.name_or_path=org/other: 'org/other' is not a local path") == 0);

@@ -10,27 +10,15 @@
 #include "loratrain/config/config.h"
 #include "loratrain/config/schema.h"
 #include "scoped_env.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace lt::config;
 
+using lt::test::write_file;
+using lt::test::config_error_of;
+
 namespace {
-
-void write(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 fs::path aitk_dir() { return lt::test::source_dir() / "tests" / "config" / "data" / "aitk"; }
 
@@ -41,12 +29,12 @@ fs::path make_hub_cache(const fs::path& root) {
                            "stable-diffusion-v1-5--stable-diffusion-v1-5",
                            "stabilityai--stable-diffusion-xl-base-1.0"}) {
     const fs::path dir = root / (std::string("models--") + repo);
-    write(dir / "refs" / "main", "0123abcd");
-    write(dir / "snapshots" / "0123abcd" / "model_index.json", "{}");
+    write_file(dir / "refs" / "main", "0123abcd");
+    write_file(dir / "snapshots" / "0123abcd" / "model_index.json", "{}");
   }
   const fs::path adapter = root / "models--ostris--FLUX.1-schnell-training-adapter";
-  write(adapter / "refs" / "main", "feed");
-  write(adapter / "snapshots" / "feed" / "pytorch_lora_weights.safetensors", "x");
+  write_file(adapter / "refs" / "main", "feed");
+  write_file(adapter / "snapshots" / "feed" / "pytorch_lora_weights.safetensors", "x");
   return root;
 }
 
@@ -83,7 +71,7 @@ const std::map<std::string, Expect>& expectations() {
   return m;
 }
 
-const char* kMinimal = R"(job: extension
+const char* kMinimalExtension = R"(job: extension
 config:
   name: unit
   process:
@@ -99,7 +87,7 @@ meta:
 )";
 
 std::string with_train(const std::string& lines) {
-  std::string text = kMinimal;
+  std::string text = kMinimalExtension;
   text.replace(text.find("        lr: 1e-4\n"), 0, lines);
   return text;
 }
@@ -109,8 +97,8 @@ std::string with_train(const std::string& lines) {
 CATCH_TEST_CASE("AI Toolkit's example configs and UI jobs validate with only folder_path and device changed",
                 "[config][aitk]") {
   const fs::path dir = lt::test::scratch_dir("config_aitk");
-  write(dir / "images" / "a.png", "not really a png");
-  write(dir / "images" / "a.txt", "a caption");
+  write_file(dir / "images" / "a.png", "not really a png");
+  write_file(dir / "images" / "a.txt", "a caption");
   lt::test::ScopedEnv env;
   env.set("HF_HUB_CACHE", make_hub_cache(dir / "hub").string());
   const std::vector<std::string> changes = {"datasets.0.folder_path=" + (dir / "images").string(), "device=cpu"};
@@ -160,7 +148,7 @@ CATCH_TEST_CASE("AI Toolkit's example configs and UI jobs validate with only fol
 
 CATCH_TEST_CASE("the UI's arch names map to lora-train's families; others are rejected clearly", "[config][aitk]") {
   auto arch_of = [](const std::string& ui) {
-    std::string text = kMinimal;
+    std::string text = kMinimalExtension;
     text.replace(text.find("/models/base.safetensors"), 24, "/models/base.safetensors\n        arch: " + ui);
     return effective_arch(the_process(parse_config_text(text, "arch.yaml")).model);
   };
@@ -176,9 +164,9 @@ CATCH_TEST_CASE("the UI's arch names map to lora-train's families; others are re
   CATCH_CHECK(arch_of("SDXL") == "sdxl");
 
   auto error_for = [](const std::string& ui) {
-    std::string text = kMinimal;
+    std::string text = kMinimalExtension;
     text.replace(text.find("/models/base.safetensors"), 24, "/models/base.safetensors\n        arch: " + ui);
-    return error_of([&] { parse_config_text(text, "arch.yaml"); });
+    return config_error_of([&] { parse_config_text(text, "arch.yaml"); });
   };
   for (const char* other : {"qwen_image:2512", "flux_kontext", "wan22_14b:t2v", "wan21_i2v:14b480p", "krea2:turbo",
                             "zimage:turbo", "chroma", "flex2", "ltx2.3", "sd3"}) {
@@ -190,19 +178,19 @@ CATCH_TEST_CASE("the UI's arch names map to lora-train's families; others are re
   CATCH_CHECK(error_for("sdxk").find("is not an allowed value (allowed: sd1, sd2, sdxl, flux, wan21; did you mean "
                                      "'sdxl'?)") != std::string::npos);
   // Legacy flags of families lora-train does not know are rejected where they are set.
-  std::string text = kMinimal;
+  std::string text = kMinimalExtension;
   text.replace(text.find("/models/base.safetensors"), 24, "/models/base.safetensors\n        is_v3: true");
-  CATCH_CHECK(error_of([&] { parse_config_text(text, "flags.yaml"); })
+  CATCH_CHECK(config_error_of([&] { parse_config_text(text, "flags.yaml"); })
                   .find("flags.yaml:12:16: model.is_v3: 'true' means arch sd3, an AI Toolkit model family") == 0);
 }
 
 CATCH_TEST_CASE("values AI Toolkit writes mean what they mean there", "[config][aitk]") {
   CATCH_SECTION("save_format: diffusers is the PEFT/diffusers key layout") {
-    std::string text = kMinimal;
+    std::string text = kMinimalExtension;
     text.replace(text.find("      train:"), 0, "      save: {save_format: diffusers}\n");
     CATCH_CHECK(the_process(parse_config_text(text, "s.yaml")).save.save_format == "peft");
-    CATCH_CHECK(the_process(parse_config_text(kMinimal, "s.yaml", {"save.save_format=peft"})).save.save_format == "peft");
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "s.yaml", {"save.save_format=kohya"}); })
+    CATCH_CHECK(the_process(parse_config_text(kMinimalExtension, "s.yaml", {"save.save_format=peft"})).save.save_format == "peft");
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "s.yaml", {"save.save_format=kohya"}); })
                     .find("'kohya' is not an allowed value (allowed: safetensors, peft") != std::string::npos);
   }
   CATCH_SECTION("keys used only by a not-yet feature accept any value while that feature is off") {
@@ -211,18 +199,18 @@ CATCH_TEST_CASE("values AI Toolkit writes mean what they mean there", "[config][
                                                      "        diff_output_preservation_class: woman\n"
                                                      "        switch_boundary_every: 10\n"),
                                           "dop.yaml"));
-    const std::string msg = error_of([] {
+    const std::string msg = config_error_of([] {
       parse_config_text(with_train("        diff_output_preservation: true\n"), "dop.yaml");
     });
     CATCH_CHECK(msg == "dop.yaml:9:35: key 'train.diff_output_preservation' is an AI Toolkit setting that "
                        "lora-train does not support yet; remove it or leave it at false");
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"datasets.0.mask_path=/masks"}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "m.yaml", {"datasets.0.mask_path=/masks"}); })
                     .find("key 'datasets.0.mask_path' is an AI Toolkit setting that lora-train does not support yet") !=
                 std::string::npos);
-    CATCH_CHECK(the_process(parse_config_text(kMinimal, "m.yaml", {"datasets.0.mask_min_value=0.1"}))
+    CATCH_CHECK(the_process(parse_config_text(kMinimalExtension, "m.yaml", {"datasets.0.mask_min_value=0.1"}))
                     .datasets[0]
                     .mask_min_value == Approx(0.1));
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "m.yaml", {"datasets.0.mask_min_value=2"}); })
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "m.yaml", {"datasets.0.mask_min_value=2"}); })
                     .find("out of range: must be between 0 and 1") != std::string::npos);
   }
   CATCH_SECTION("unload_text_encoder, bypass_guidance_embedding, the EMA keys and assistant adapters") {
@@ -237,20 +225,20 @@ CATCH_TEST_CASE("values AI Toolkit writes mean what they mean there", "[config][
     CATCH_CHECK(t.ema_config.use_ema);
     CATCH_CHECK(t.ema_config.use_feedback);
     CATCH_CHECK(t.ema_config.param_multiplier == Approx(0.999));
-    CATCH_CHECK(error_of([] {
+    CATCH_CHECK(config_error_of([] {
       parse_config_text(with_train("        unload_text_encoder: true\n        train_text_encoder: true\n"), "t.yaml");
     }) == "t.yaml:9:9: train.unload_text_encoder: cannot unload the text encoders while training them "
           "(train.train_text_encoder is true)");
-    CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "e.yaml", {"train.ema_config.ema_decay=1.5"}); }) ==
+    CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "e.yaml", {"train.ema_config.ema_decay=1.5"}); }) ==
                 "--set train.ema_config.ema_decay=1.5: out of range: must be between 0 and 1, got 1.5");
     CATCH_CHECK(
-        error_of([] { parse_config_text(kMinimal, "a.yaml", {"model.arch=sd15", "model.assistant_lora_path=o/a"}); }) ==
+        config_error_of([] { parse_config_text(kMinimalExtension, "a.yaml", {"model.arch=sd15", "model.assistant_lora_path=o/a"}); }) ==
         "--set model.assistant_lora_path=o/a: assistant adapters are for Flux models only (as in AI Toolkit), but "
         "arch is sd1");
-    CATCH_CHECK_NOTHROW(parse_config_text(kMinimal, "a.yaml", {"model.arch=flux", "model.assistant_lora_path=o/a"}));
+    CATCH_CHECK_NOTHROW(parse_config_text(kMinimalExtension, "a.yaml", {"model.arch=flux", "model.assistant_lora_path=o/a"}));
   }
   CATCH_SECTION("UI bookkeeping keys take any value and are listed once, in file order") {
-    std::string text = kMinimal;
+    std::string text = kMinimalExtension;
     text.replace(text.find("      datasets:"), 0,
                  "      sqlite_db_path: {not: [a, path]}\n      performance_log_every: ten\n"
                  "      logging: {use_ui_logger: maybe, log_every: 5}\n");
@@ -263,7 +251,7 @@ CATCH_TEST_CASE("values AI Toolkit writes mean what they mean there", "[config][
                 "accepted for AI Toolkit compatibility, no effect in lora-train (docs/config.md): sqlite_db_path, "
                 "performance_log_every, logging.use_ui_logger, meta, train.xformers");
     CATCH_CHECK(the_process(job).logging.log_every == 5);
-    std::string no_meta = kMinimal;
+    std::string no_meta = kMinimalExtension;
     no_meta.resize(no_meta.find("meta:"));
     CATCH_CHECK(ignored_keys_summary(parse_config_text(no_meta, "m.yaml")) == "");
   }
@@ -272,7 +260,7 @@ CATCH_TEST_CASE("values AI Toolkit writes mean what they mean there", "[config][
 CATCH_TEST_CASE("--set replaces the file's value before it is checked", "[config][aitk]") {
   // Values the file gets wrong (or that lora-train does not support) are fixed from the command line.
   const std::string bad = with_train("        diff_output_preservation: true\n        batch_size: lots\n");
-  CATCH_CHECK(error_of([&] { parse_config_text(bad, "b.yaml"); }).find("b.yaml:9:35: key 'train.diff_output") == 0);
+  CATCH_CHECK(config_error_of([&] { parse_config_text(bad, "b.yaml"); }).find("b.yaml:9:35: key 'train.diff_output") == 0);
   JobConfig job;
   CATCH_REQUIRE_NOTHROW(job = parse_config_text(bad, "b.yaml",
                                                 {"train.diff_output_preservation=false", "train.batch_size=2"}));
@@ -281,30 +269,30 @@ CATCH_TEST_CASE("--set replaces the file's value before it is checked", "[config
 
   // The issue's case: a file's EMA settings replaced (ema_decay out of range in the file).
   const std::string ema = with_train("        ema_config:\n          use_ema: true\n          ema_decay: 7\n");
-  CATCH_CHECK(error_of([&] { parse_config_text(ema, "e.yaml"); }).find("e.yaml:11:22: train.ema_config.ema_decay") == 0);
+  CATCH_CHECK(config_error_of([&] { parse_config_text(ema, "e.yaml"); }).find("e.yaml:11:22: train.ema_config.ema_decay") == 0);
   job = parse_config_text(ema, "e.yaml", {"train.ema_config.use_ema=false", "train.ema_config.ema_decay=0.9"});
   CATCH_CHECK_FALSE(the_process(job).train.ema_config.use_ema);
   CATCH_CHECK(the_process(job).train.ema_config.ema_decay == 0.9);
 
   // An error in the overridden value names the --set, not the file.
-  CATCH_CHECK(error_of([&] { parse_config_text(bad, "b.yaml", {"train.diff_output_preservation=false",
+  CATCH_CHECK(config_error_of([&] { parse_config_text(bad, "b.yaml", {"train.diff_output_preservation=false",
                                                                "train.batch_size=0"}); }) ==
               "--set train.batch_size=0: out of range: must be between 1 and 1024, got 0");
-  CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "b.yaml", {"train.diff_output_preservation=true"}); }) ==
+  CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "b.yaml", {"train.diff_output_preservation=true"}); }) ==
               "--set train.diff_output_preservation=true: key 'train.diff_output_preservation' is an AI Toolkit "
               "setting that lora-train does not support yet; remove it or leave it at false");
   // ... also when a rule across keys fails because of it.
-  CATCH_CHECK(error_of([] {
+  CATCH_CHECK(config_error_of([] {
     parse_config_text(with_train("        unload_text_encoder: true\n"), "u.yaml", {"train.train_text_encoder=true"});
   }) == "u.yaml:9:9: train.unload_text_encoder: cannot unload the text encoders while training them "
         "(train.train_text_encoder is true)");
-  CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "u.yaml", {"train.unload_text_encoder=true",
+  CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "u.yaml", {"train.unload_text_encoder=true",
                                                                   "train.train_text_encoder=true"}); })
                   .find("--set train.unload_text_encoder=true: cannot unload") == 0);
   // Other mistakes in the file are still reported: an override replaces one key only.
-  CATCH_CHECK(error_of([&] { parse_config_text(bad, "b.yaml", {"train.batch_size=2"}); })
+  CATCH_CHECK(config_error_of([&] { parse_config_text(bad, "b.yaml", {"train.batch_size=2"}); })
                   .find("b.yaml:9:35: key 'train.diff_output_preservation'") == 0);
-  CATCH_CHECK(error_of([] { parse_config_text(kMinimal, "b.yaml", {"train.batch_size"}); }) ==
+  CATCH_CHECK(config_error_of([] { parse_config_text(kMinimalExtension, "b.yaml", {"train.batch_size"}); }) ==
               "--set train.batch_size: expected KEY=VALUE, e.g. --set train.batch_size=2");
 }
 

@@ -8,27 +8,15 @@
 #include "loratrain/config/model_path.h"
 #include "loratrain/util/error.h"
 #include "scoped_env.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace lt::config;
 
+using lt::test::write_file;
+using lt::test::input_error_of;
+
 namespace {
-
-void write(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::InputError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Only the cache variables this test sets are in effect.
 void clear_cache_env(lt::test::ScopedEnv& env) {
@@ -84,9 +72,9 @@ CATCH_TEST_CASE("a repo id resolves to the snapshot refs/main names, without net
   clear_cache_env(env);
   env.set("HF_HOME", (hub / "home").string());
   const fs::path repo = hub / "home" / "hub" / "models--black-forest-labs--FLUX.1-dev";
-  write(repo / "snapshots" / "1111" / "flux1-dev.safetensors", "old");
-  write(repo / "snapshots" / "2222" / "flux1-dev.safetensors", "new");
-  write(repo / "refs" / "main", "1111\n");  // refs/main decides, not the newest folder
+  write_file(repo / "snapshots" / "1111" / "flux1-dev.safetensors", "old");
+  write_file(repo / "snapshots" / "2222" / "flux1-dev.safetensors", "new");
+  write_file(repo / "refs" / "main", "1111\n");  // refs/main decides, not the newest folder
 
   ResolvedPath r = resolve_model_path("black-forest-labs/FLUX.1-dev", "model.name_or_path");
   CATCH_CHECK(r.from_hub_cache);
@@ -108,7 +96,7 @@ CATCH_TEST_CASE("a repo id resolves to the snapshot refs/main names, without net
     CATCH_CHECK(r.note.find("using the only snapshot, 2222") != std::string::npos);
   }
   CATCH_SECTION("refs/main naming a snapshot that is not there falls back too") {
-    write(repo / "refs" / "main", "3333");
+    write_file(repo / "refs" / "main", "3333");
     r = resolve_model_path("black-forest-labs/FLUX.1-dev", "");
     CATCH_CHECK(r.commit == "2222");  // the newest by modification time (created last)
     CATCH_CHECK(r.note.find("refs/main names 3333, which has no snapshot folder") != std::string::npos);
@@ -125,7 +113,7 @@ CATCH_TEST_CASE("a repo id missing from the cache says where it looked and how t
   lt::test::ScopedEnv env;
   clear_cache_env(env);
   env.set("HF_HUB_CACHE", hub.string());
-  const std::string msg = error_of([] { resolve_model_path("black-forest-labs/FLUX.1-dev", "model.name_or_path"); });
+  const std::string msg = input_error_of([] { resolve_model_path("black-forest-labs/FLUX.1-dev", "model.name_or_path"); });
   CATCH_CHECK(msg.find("model.name_or_path: 'black-forest-labs/FLUX.1-dev' is not a local path, so it is read as a "
                        "Hugging Face repo id") == 0);
   CATCH_CHECK(msg.find("lora-train never downloads") != std::string::npos);
@@ -137,14 +125,14 @@ CATCH_TEST_CASE("a repo id missing from the cache says where it looked and how t
   CATCH_CHECK(msg.find('\n') == std::string::npos);
 
   fs::create_directories(hub / "models--org--name" / "snapshots");
-  CATCH_CHECK(error_of([] { resolve_model_path("org/name", ""); }).find("holds no snapshot in snapshots/") !=
+  CATCH_CHECK(input_error_of([] { resolve_model_path("org/name", ""); }).find("holds no snapshot in snapshots/") !=
               std::string::npos);
   fs::create_directories(hub / "models--org--name" / "snapshots" / "abc");
-  CATCH_CHECK(error_of([] { resolve_model_path("org/name", ""); }).find("the cached snapshot") != std::string::npos);
+  CATCH_CHECK(input_error_of([] { resolve_model_path("org/name", ""); }).find("the cached snapshot") != std::string::npos);
 
-  CATCH_CHECK(error_of([] { resolve_model_path("/models/sd15.safetensors", "model.name_or_path"); }) ==
+  CATCH_CHECK(input_error_of([] { resolve_model_path("/models/sd15.safetensors", "model.name_or_path"); }) ==
               "model.name_or_path: '/models/sd15.safetensors' does not exist");
-  CATCH_CHECK(error_of([] { resolve_model_path("org/na me", ""); }) ==
+  CATCH_CHECK(input_error_of([] { resolve_model_path("org/na me", ""); }) ==
               "'org/na me' does not exist (nor is it a valid Hugging Face repo id: org/name of letters, digits, '-', "
               "'_', '.')");
 }
@@ -155,11 +143,11 @@ CATCH_TEST_CASE("an adapter is a file, a folder holding pytorch_lora_weights.saf
   lt::test::ScopedEnv env;
   clear_cache_env(env);
   env.set("HF_HUB_CACHE", (dir / "hub").string());
-  write(dir / "file.safetensors", "x");
-  write(dir / "folder" / "pytorch_lora_weights.safetensors", "x");
+  write_file(dir / "file.safetensors", "x");
+  write_file(dir / "folder" / "pytorch_lora_weights.safetensors", "x");
   const fs::path repo = dir / "hub" / "models--ostris--FLUX.1-schnell-training-adapter";
-  write(repo / "refs" / "main", "beef");
-  write(repo / "snapshots" / "beef" / "pytorch_lora_weights.safetensors", "x");
+  write_file(repo / "refs" / "main", "beef");
+  write_file(repo / "snapshots" / "beef" / "pytorch_lora_weights.safetensors", "x");
 
   CATCH_CHECK(resolve_adapter_file((dir / "file.safetensors").string(), "").path == dir / "file.safetensors");
   CATCH_CHECK(resolve_adapter_file((dir / "folder").string(), "").path ==
@@ -169,12 +157,12 @@ CATCH_TEST_CASE("an adapter is a file, a folder holding pytorch_lora_weights.saf
   CATCH_CHECK(r.path == repo / "snapshots" / "beef" / "pytorch_lora_weights.safetensors");
 
   fs::remove(repo / "snapshots" / "beef" / "pytorch_lora_weights.safetensors");
-  write(repo / "snapshots" / "beef" / "README.md", "x");
-  const std::string msg = error_of([] { resolve_adapter_file("ostris/FLUX.1-schnell-training-adapter", "a"); });
+  write_file(repo / "snapshots" / "beef" / "README.md", "x");
+  const std::string msg = input_error_of([] { resolve_adapter_file("ostris/FLUX.1-schnell-training-adapter", "a"); });
   CATCH_CHECK(msg.find("a: 'ostris/FLUX.1-schnell-training-adapter': ") == 0);
   CATCH_CHECK(msg.find("holds no pytorch_lora_weights.safetensors") != std::string::npos);
   CATCH_CHECK(msg.find("`huggingface-cli download ostris/FLUX.1-schnell-training-adapter "
                        "pytorch_lora_weights.safetensors`") != std::string::npos);
-  CATCH_CHECK(error_of([&] { resolve_adapter_file((dir / "empty").string(), ""); }).find("does not exist") !=
+  CATCH_CHECK(input_error_of([&] { resolve_adapter_file((dir / "empty").string(), ""); }).find("does not exist") !=
               std::string::npos);
 }

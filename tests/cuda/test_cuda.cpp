@@ -15,15 +15,12 @@
 #include "loratrain/memory/oom.h"
 #include "loratrain/train/trainer.h"
 #include "train/train_fixture.h"
+#include "test_support.h"
+
+using lt::test::MiB;
+using lt::test::read_json;
 
 namespace {
-
-constexpr int64_t MiB = int64_t{1} << 20;
-
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
 
 // A run of the tiny base on the GPU; `overrides` as `lora-train run --set`.
 lt::train::RunResult run_tiny(const std::filesystem::path& root, const std::string& name, int steps,

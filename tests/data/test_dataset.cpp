@@ -10,10 +10,12 @@
 #include "loratrain/data/dataset.h"
 #include "loratrain/data/demo_data.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::data;
 namespace fs = std::filesystem;
+
+using lt::test::contains;
 
 namespace {
 
@@ -25,8 +27,6 @@ std::string error_of(const DatasetOptions& o) {
   }
   return "";
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Six images of three shapes (two non-square), captions for five of them.
 fs::path make_folder(const std::string& name) {

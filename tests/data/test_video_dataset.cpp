@@ -11,10 +11,12 @@
 #include "loratrain/data/demo_data.h"
 #include "loratrain/io/video.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::data;
 namespace fs = std::filesystem;
+
+using lt::test::contains;
 
 namespace {
 
@@ -51,8 +53,6 @@ DatasetOptions video_options(const fs::path& dir, int num_frames) {
   o.num_frames = num_frames;
   return o;
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 

@@ -12,16 +12,14 @@
 
 #include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/report.h"
+#include "diagnose/oom_message.h"
 #include "test_paths.h"
 
 using namespace lt::diagnose;
 
-namespace {
+using lt::test::kOom;
 
-const char* kOom =
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB "
-    "of which 120.00 MiB is free. Including non-PyTorch memory, this process has 23.50 GiB memory in use. Of the "
-    "allocated memory 22.90 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated.\n";
+namespace {
 
 bool has_fix(const Diagnosis& d, const std::string& id) {
   return std::any_of(d.fixes.begin(), d.fixes.end(), [&](const Fix& f) { return f.id == id; });

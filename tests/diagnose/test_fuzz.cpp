@@ -9,18 +9,14 @@
 
 #include "loratrain/diagnose/analyzer.h"
 #include "loratrain/diagnose/report.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::diagnose;
 namespace fs = std::filesystem;
 
+using lt::test::read_file;
+
 namespace {
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 void exercise(const std::string& bytes) {
   Diagnosis d = diagnose_text(bytes);
   // Everything the tool prints must serialise (valid UTF-8 everywhere).
@@ -47,7 +43,7 @@ CATCH_TEST_CASE("fuzz: random bytes never crash", "[diagnose][fuzz]") {
 CATCH_TEST_CASE("fuzz: truncated and corrupted corpus logs never crash", "[diagnose][fuzz]") {
   std::vector<std::string> logs;
   for (const auto& e : fs::directory_iterator(lt::test::source_dir() / "tests" / "data" / "logs"))
-    if (e.path().extension() == ".log") logs.push_back(slurp(e.path()));
+    if (e.path().extension() == ".log") logs.push_back(read_file(e.path()));
   CATCH_REQUIRE_FALSE(logs.empty());
   std::mt19937 rng(99);
   for (int it = 0; it < 300; ++it) {

@@ -5,15 +5,13 @@
 #include <string>
 
 #include "loratrain/diagnose/analyzer.h"
+#include "diagnose/oom_message.h"
 
 using namespace lt::diagnose;
 
-namespace {
+using lt::test::kOom;
 
-const char* kOom =
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB "
-    "of which 120.00 MiB is free. Including non-PyTorch memory, this process has 23.50 GiB memory in use. Of the "
-    "allocated memory 22.90 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated.\n";
+namespace {
 
 std::string traceback(std::initializer_list<std::pair<const char*, const char*>> frames) {
   std::string t = "Traceback (most recent call last):\n";

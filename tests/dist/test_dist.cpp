@@ -20,6 +20,9 @@
 #include "loratrain/io/safetensors.h"
 #include "train/cli_process.h"
 #include "train/train_fixture.h"
+#include "test_support.h"
+
+using lt::test::read_json;
 
 namespace {
 
@@ -78,11 +81,6 @@ std::vector<double> losses(const fs::path& metrics) {
     if (!line.empty()) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
   }
   return out;
-}
-
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
 }
 
 // The two LoRA files as one vector of weights: within `tolerance` relative (|a - b| / |b| over all

@@ -5,19 +5,12 @@
 
 #include "loratrain/io/safetensors.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "test_support.h"
+
+using lt::test::read_file;
+using lt::test::write_file;
 
 namespace {
-
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_all(const std::filesystem::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // A file with a hand-written header (for hostile cases) and `data` bytes after it.
 std::filesystem::path forge(const std::filesystem::path& dir, const std::string& name,
@@ -27,7 +20,7 @@ std::filesystem::path forge(const std::filesystem::path& dir, const std::string&
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
   bytes += header + data;
   auto p = dir / name;
-  write_all(p, bytes);
+  write_file(p, bytes);
   return p;
 }
 
@@ -61,7 +54,7 @@ CATCH_TEST_CASE("safetensors round trip keeps names, shapes, dtypes, values and 
   CATCH_CHECK(f->load("b", torch::kFloat).scalar_type() == torch::kFloat);
   CATCH_CHECK(torch::allclose(f->load("b", torch::kFloat), b.to(torch::kFloat)));
   // The data section starts 8-byte aligned.
-  auto bytes = read_all(dir / "x.safetensors");
+  auto bytes = read_file(dir / "x.safetensors");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
   CATCH_CHECK((8 + n) % 8 == 0);
@@ -96,7 +89,7 @@ CATCH_TEST_CASE("broken and hostile safetensors files give one clear error", "[i
   const std::string ok_data(8, '\0');
 
   CATCH_SECTION("shorter than the length prefix") {
-    write_all(dir / "tiny.safetensors", "abc");
+    write_file(dir / "tiny.safetensors", "abc");
     CATCH_CHECK_THAT(open_error(dir / "tiny.safetensors"), Catch::Contains("shorter than the 8-byte"));
   }
   CATCH_SECTION("header length beyond the file") {
@@ -135,8 +128,8 @@ CATCH_TEST_CASE("broken and hostile safetensors files give one clear error", "[i
   }
   CATCH_SECTION("a real file cut short") {
     lt::io::save_safetensors(dir / "whole.safetensors", {{"a", torch::randn({64, 64})}});
-    auto bytes = read_all(dir / "whole.safetensors");
-    write_all(dir / "cut.safetensors", bytes.substr(0, bytes.size() - 100));
+    auto bytes = read_file(dir / "whole.safetensors");
+    write_file(dir / "cut.safetensors", bytes.substr(0, bytes.size() - 100));
     CATCH_CHECK_THAT(open_error(dir / "cut.safetensors"), Catch::Contains("truncated"));
   }
   CATCH_SECTION("hostile bytes in the header are escaped in the message") {
@@ -169,14 +162,14 @@ CATCH_TEST_CASE("random corruption of a valid file never crashes", "[io]") {
   auto dir = lt::test::scratch_dir("safetensors_fuzz");
   lt::io::save_safetensors(dir / "base.safetensors",
                            {{"a", torch::randn({4, 4})}, {"b", torch::randn({3}).to(torch::kHalf)}}, {{"k", "v"}});
-  const auto base = read_all(dir / "base.safetensors");
+  const auto base = read_file(dir / "base.safetensors");
   std::mt19937 rng(7);
   for (int i = 0; i < 300; ++i) {
     std::string bytes = base;
     int edits = 1 + static_cast<int>(rng() % 4);
     for (int e = 0; e < edits; ++e) bytes[rng() % std::min<size_t>(bytes.size(), 160)] = static_cast<char>(rng());
     if (rng() % 3 == 0) bytes.resize(rng() % bytes.size());
-    write_all(dir / "fuzz.safetensors", bytes);
+    write_file(dir / "fuzz.safetensors", bytes);
     try {
       auto f = lt::io::SafetensorsFile::open(dir / "fuzz.safetensors");
       for (const auto& t : f->tensors()) {

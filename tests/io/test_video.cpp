@@ -7,10 +7,13 @@
 
 #include "loratrain/io/video.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::io;
 namespace fs = std::filesystem;
+
+using lt::test::write_file;
+using lt::test::input_error_of;
 
 namespace {
 
@@ -47,20 +50,6 @@ double mean_diff(const Image& a, const Image& b) {
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary);
-  out << bytes;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -108,7 +97,7 @@ CATCH_TEST_CASE("video writing is deterministic and atomic", "[io][video]") {
   write_video(dir / ("b" + ext), frames(32, 32, 5), 8);
   CATCH_CHECK(read(dir / ("a" + ext)) == read(dir / ("b" + ext)));
   // Odd sizes cannot be 4:2:0: the error names the file and nothing is left behind.
-  const std::string err = error_of([&] { write_video(dir / ("odd" + ext), frames(33, 32, 3), 8); });
+  const std::string err = input_error_of([&] { write_video(dir / ("odd" + ext), frames(33, 32, 3), 8); });
   CATCH_CHECK(err.find("odd" + ext) != std::string::npos);
   CATCH_CHECK(err.find("even") != std::string::npos);
   CATCH_CHECK(!fs::exists(dir / ("odd" + ext)));
@@ -120,25 +109,25 @@ CATCH_TEST_CASE("video writing is deterministic and atomic", "[io][video]") {
 
 CATCH_TEST_CASE("broken clips give one InputError naming the file", "[io][video]") {
   const fs::path dir = lt::test::scratch_dir("io_video_broken");
-  write(dir / "empty.mp4", "");
-  write(dir / "text.mp4", "this is not a video at all, just some words in a file with a video name\n");
-  CATCH_CHECK(error_of([&] { probe_video(dir / "empty.mp4"); }).find("empty.mp4: empty file") != std::string::npos);
-  const std::string text = error_of([&] { probe_video(dir / "text.mp4"); });
+  write_file(dir / "empty.mp4", "");
+  write_file(dir / "text.mp4", "this is not a video at all, just some words in a file with a video name\n");
+  CATCH_CHECK(input_error_of([&] { probe_video(dir / "empty.mp4"); }).find("empty.mp4: empty file") != std::string::npos);
+  const std::string text = input_error_of([&] { probe_video(dir / "text.mp4"); });
   CATCH_CHECK(text.find("text.mp4") != std::string::npos);
-  CATCH_CHECK(error_of([&] { probe_video(dir / "missing.webm"); }).find("missing.webm") != std::string::npos);
+  CATCH_CHECK(input_error_of([&] { probe_video(dir / "missing.webm"); }).find("missing.webm") != std::string::npos);
 
   // A clip cut in half: its packets run past the end of the file.
   const std::string ext = video_encoder_for(".webm").empty() ? ".avi" : ".webm";
   write_video(dir / ("whole" + ext), frames(64, 48, 17), 8);
   const std::string whole = read(dir / ("whole" + ext));
-  write(dir / ("half" + ext), whole.substr(0, whole.size() / 2));
-  const std::string half = error_of([&] { probe_video(dir / ("half" + ext)); });
+  write_file(dir / ("half" + ext), whole.substr(0, whole.size() / 2));
+  const std::string half = input_error_of([&] { probe_video(dir / ("half" + ext)); });
   CATCH_CHECK(half.find("half" + ext) != std::string::npos);
   // Garbage in the middle of the stream.
   std::string damaged = whole;
   for (size_t i = damaged.size() / 3; i < damaged.size() / 3 + 400; ++i) damaged[i] = static_cast<char>(i * 37);
-  write(dir / ("damaged" + ext), damaged);
-  CATCH_CHECK(error_of([&] { read_video(dir / ("damaged" + ext)); }).find("damaged" + ext) != std::string::npos);
+  write_file(dir / ("damaged" + ext), damaged);
+  CATCH_CHECK(input_error_of([&] { read_video(dir / ("damaged" + ext)); }).find("damaged" + ext) != std::string::npos);
 }
 
 CATCH_TEST_CASE("animated WebP: written atomically, read back by libwebp and by the clip reader", "[io][video][webp]") {
@@ -190,8 +179,8 @@ CATCH_TEST_CASE("animated WebP: written atomically, read back by libwebp and by 
   const auto lossy = read_video(dir / "lossy.webp");
   CATCH_REQUIRE(lossy.size() == 6);
   for (int i = 0; i < 6; ++i) CATCH_CHECK(mean_diff(lossy[i], src[i]) < 8.0);
-  write(dir / "cut.webp", bytes.substr(0, bytes.size() * 2 / 3));
-  CATCH_CHECK(error_of([&] { probe_video(dir / "cut.webp"); }).find("cut.webp") != std::string::npos);
+  write_file(dir / "cut.webp", bytes.substr(0, bytes.size() * 2 / 3));
+  CATCH_CHECK(input_error_of([&] { probe_video(dir / "cut.webp"); }).find("cut.webp") != std::string::npos);
 
   // Bad input: no frames, mixed sizes; no file is written.
   CATCH_CHECK_THROWS_AS(write_animated_webp(dir / "none.webp", {}, 8.0), lt::InputError);

@@ -15,6 +15,7 @@
 #include "loratrain/models/text/clip.h"
 #include "loratrain/optim/optimizer.h"
 #include "loratrain/util/error.h"
+#include "lora/network_helpers.h"
 #include "test_paths.h"
 
 using lt::models::Conv2d;
@@ -39,6 +40,9 @@ LT_MOCK_MODULE(Downsample2D);
 LT_MOCK_MODULE(Upsample2D);
 #undef LT_MOCK_MODULE
 }  // namespace mock
+
+using lt::test::names_of;
+using lt::test::randomize_up;
 
 namespace {
 
@@ -117,12 +121,6 @@ std::set<std::string> kohya_sd15_unet_names() {
   return names;
 }
 
-std::set<std::string> names_of(const LoRANetwork& net) {
-  std::set<std::string> out;
-  for (const auto& m : net->modules()) out.insert(m->lora_name);
-  return out;
-}
-
 lt::models::CLIPTextConfig tiny_clip_config() {
   lt::models::CLIPTextConfig c;
   c.vocab_size = 100;
@@ -178,13 +176,6 @@ ComponentSpec tiny_spec() {
   ComponentSpec s = ComponentSpec::sd_unet();
   s.conv_target_classes.push_back("Block");
   return s;
-}
-
-// Gives every adapter non-zero up weights (a trained adapter), deterministically.
-void randomize_up(LoRANetwork& net, uint64_t seed) {
-  torch::manual_seed(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& m : net->modules()) m->lora_up.normal_(0.0, 0.1);
 }
 
 TinyNet copy_of(const TinyNet& src) {

@@ -26,10 +26,14 @@
 #include "loratrain/models/text/clip.h"
 #include "loratrain/util/error.h"
 #include "models/reference_unet_map.h"
+#include "lora/network_helpers.h"
 #include "test_paths.h"
 
 using namespace lt::lora;
 using lt::models::sd::UNetConfig;
+
+using lt::test::names_of;
+using lt::test::randomize_up;
 
 namespace {
 
@@ -65,12 +69,6 @@ lt::models::CLIPTextConfig clip_config(int64_t hidden, int64_t layers) {
   return c;
 }
 
-std::set<std::string> names_of(const LoRANetwork& net) {
-  std::set<std::string> out;
-  for (const auto& m : net->modules()) out.insert(m->lora_name);
-  return out;
-}
-
 // kohya's SDXL UNet names written out from its rules: the SpatialTransformers at input blocks
 // 4, 5 (2 blocks), 7, 8 (10), middle_block.1 (10), output blocks 0-2 (10) and 3-5 (2).
 std::set<std::string> kohya_sdxl_unet_names(int d1, int d2) {
@@ -91,12 +89,6 @@ std::set<std::string> kohya_sdxl_unet_names(int d1, int d2) {
     }
   }
   return names;
-}
-
-void randomize_up(LoRANetwork& net, uint64_t seed) {
-  torch::manual_seed(seed);
-  torch::NoGradGuard no_grad;
-  for (auto& m : net->modules()) m->lora_up.normal_(0.0, 0.1);
 }
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {

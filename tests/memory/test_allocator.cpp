@@ -12,12 +12,14 @@
 #include "loratrain/memory/budget_allocator.h"
 #include "loratrain/memory/oom.h"
 #include "loratrain/util/error.h"
+#include "test_support.h"
 
 using namespace lt::memory;
 
+using lt::test::MiB;
+using lt::test::GiB;
+
 namespace {
-constexpr int64_t MiB = 1 << 20;
-constexpr int64_t GiB = int64_t(1) << 30;
 
 std::string oom_message(const std::function<void()>& f) {
   try {

@@ -14,12 +14,14 @@
 
 #include "loratrain/memory/budget_allocator.h"
 #include "loratrain/memory/guard.h"
+#include "test_support.h"
 
 using namespace lt::memory;
 using K = ActionKind;
 
+using lt::test::MiB;
+
 namespace {
-constexpr int64_t MiB = 1 << 20;
 
 // Captures the log while alive (the guard's lines are part of its contract).
 class LogCapture {

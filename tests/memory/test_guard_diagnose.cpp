@@ -15,12 +15,14 @@
 #include "loratrain/diagnose/fixes.h"
 #include "loratrain/memory/budget_allocator.h"
 #include "loratrain/memory/guard.h"
+#include "test_support.h"
 
 using namespace lt::memory;
 using K = ActionKind;
 
+using lt::test::MiB;
+
 namespace {
-constexpr int64_t MiB = 1 << 20;
 
 class LogLines {
  public:

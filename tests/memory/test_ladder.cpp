@@ -5,15 +5,17 @@
 
 #include "loratrain/memory/classify.h"
 #include "loratrain/memory/ladder.h"
+#include "test_support.h"
 
 using namespace lt::memory;
 using K = ActionKind;
 
-namespace {
-constexpr int64_t MiB = 1 << 20;
-constexpr int64_t GiB = int64_t(1) << 30;
+using lt::test::MiB;
+using lt::test::GiB;
 
-MemorySettings image_settings() {
+namespace {
+
+MemorySettings image_job_settings() {
   MemorySettings s;
   s.gradient_checkpointing = false;
   s.batch_size = 4;
@@ -81,7 +83,7 @@ Run drive(FailureContext ctx, int limit = 30) {
 }  // namespace
 
 CATCH_TEST_CASE("classification table (playbook section 2)", "[memory][ladder]") {
-  const MemorySettings s = image_settings();
+  const MemorySettings s = image_job_settings();
   CATCH_CHECK(classify(context(Phase::load, 0, s)).kind == Classification::load);
   CATCH_CHECK(classify(context(Phase::cache, 0, s)).kind == Classification::load);
   CATCH_CHECK(classify(context(Phase::baseline_sample, 0, s)).kind == Classification::load);
@@ -114,7 +116,7 @@ CATCH_TEST_CASE("classification table (playbook section 2)", "[memory][ladder]")
 }
 
 CATCH_TEST_CASE("classification: fragmentation and environment", "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   // Cached-but-unallocated memory larger than the request and > 1 GiB: fragmentation.
   auto frag = context(Phase::train_step, 20, s);
   frag.error.numbers.total = 24 * GiB;
@@ -159,7 +161,7 @@ CATCH_TEST_CASE("classification: fragmentation and environment", "[memory][ladde
 }
 
 CATCH_TEST_CASE("ladder: early-step OOM, checkpointing off, batch 4, buckets [256, 512]", "[memory][ladder]") {
-  const Run run = drive(context(Phase::train_step, 1, image_settings()));
+  const Run run = drive(context(Phase::train_step, 1, image_job_settings()));
   // The exact lever first (chunked attention changes no result), then the playbook's order.
   CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::enable_checkpointing, K::batch_to_one,
                                           K::drop_largest_bucket, K::disable_sampling, K::enable_low_vram,
@@ -190,7 +192,7 @@ CATCH_TEST_CASE("ladder: early-step OOM, checkpointing off, batch 4, buckets [25
 }
 
 CATCH_TEST_CASE("ladder: step 1 exactly with batch 1: checkpointing and lower resolution together", "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   s.batch_size = 1;
   s.resolutions = {512, 1024};
   const Run run = drive(context(Phase::train_step, 1, s));
@@ -209,7 +211,7 @@ CATCH_TEST_CASE("ladder: step 1 exactly with batch 1: checkpointing and lower re
 }
 
 CATCH_TEST_CASE("ladder: sampling OOM shrinks previews, then disables them; training untouched", "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   s.gradient_checkpointing = true;
   const Run run = drive(context(Phase::sample, 100, s));
   // Chunked attention and tiled decode keep the previews at their size; then they shrink.
@@ -244,7 +246,7 @@ CATCH_TEST_CASE("ladder: sampling OOM shrinks previews, then disables them; trai
 }
 
 CATCH_TEST_CASE("ladder: load, cache and baseline sample each have their own ladder", "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   s.gradient_checkpointing = true;
   s.batch_size = 1;
   s.resolutions = {512};
@@ -274,7 +276,7 @@ CATCH_TEST_CASE("ladder: load, cache and baseline sample each have their own lad
 
 CATCH_TEST_CASE("ladder: a clip's encode while caching takes the video rung: frames first, then the VAE's levers",
                 "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   s.is_video = true;
   s.num_frames = 33;
   s.sample_num_frames = 33;
@@ -298,7 +300,7 @@ CATCH_TEST_CASE("ladder: a clip's encode while caching takes the video rung: fra
 }
 
 CATCH_TEST_CASE("ladder: environment gives up after at most one retry", "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   s.gradient_checkpointing = true;
   s.batch_size = 1;
   s.resolutions = {512};
@@ -312,7 +314,7 @@ CATCH_TEST_CASE("ladder: environment gives up after at most one retry", "[memory
 }
 
 CATCH_TEST_CASE("ladder: video lowers frames first", "[memory][ladder]") {
-  MemorySettings s = image_settings();
+  MemorySettings s = image_job_settings();
   s.is_video = true;
   s.num_frames = 81;
   s.sample_num_frames = 81;
@@ -331,7 +333,7 @@ CATCH_TEST_CASE("ladder: video lowers frames first", "[memory][ladder]") {
 }
 
 CATCH_TEST_CASE("ladder: fragmentation empties the cache and retries once, then climbs", "[memory][ladder]") {
-  auto ctx = context(Phase::train_step, 20, image_settings());
+  auto ctx = context(Phase::train_step, 20, image_job_settings());
   ctx.error.numbers.total = 24 * GiB;
   ctx.error.numbers.tried = 2 * GiB;
   ctx.error.numbers.reserved_unallocated = 6 * GiB;
@@ -354,7 +356,7 @@ CATCH_TEST_CASE("ladder: fragmentation empties the cache and retries once, then 
   CATCH_CHECK(next_action(ctx, classify(ctx), h).kind == K::empty_cache_retry);
 
   // Transient (the request fits in free memory, no big cache): a few retries as is, then the ladder.
-  auto transient = context(Phase::train_step, 30, image_settings());
+  auto transient = context(Phase::train_step, 30, image_job_settings());
   transient.error.numbers.free = GiB;
   const Run t = drive(transient);
   CATCH_CHECK(classify(transient).transient);
@@ -365,7 +367,7 @@ CATCH_TEST_CASE("ladder: fragmentation empties the cache and retries once, then 
 }
 
 CATCH_TEST_CASE("ladder: later steps on the largest bucket drop it first", "[memory][ladder]") {
-  const Run run = drive(context(Phase::train_step, 200, image_settings()));
+  const Run run = drive(context(Phase::train_step, 200, image_job_settings()));
   CATCH_CHECK(run.kinds == std::vector<K>{K::chunk_attention, K::drop_largest_bucket, K::enable_checkpointing,
                                           K::batch_to_one, K::disable_sampling, K::enable_low_vram,
                                           K::quantize_base, K::give_up_exhausted});
@@ -427,7 +429,7 @@ CATCH_TEST_CASE("ladder: never an identical retry, always terminates", "[memory]
 }
 
 CATCH_TEST_CASE("scale_up re-enables one heavier setting at a time in playbook order", "[memory][ladder]") {
-  MemorySettings initial = image_settings();
+  MemorySettings initial = image_job_settings();
   initial.resolutions = {256, 512, 1024};
   initial.sample_width = initial.sample_height = 1024;
   MemorySettings cur = initial;
@@ -468,7 +470,7 @@ CATCH_TEST_CASE("scale_up re-enables one heavier setting at a time in playbook o
   CATCH_CHECK(up->lever == ScaleLever::larger_batch);
 
   // Video: frames come back last, along the same 4k+1 grid.
-  MemorySettings vinit = image_settings();
+  MemorySettings vinit = image_job_settings();
   vinit.is_video = true;
   vinit.num_frames = vinit.sample_num_frames = 81;
   MemorySettings v = vinit;

@@ -42,12 +42,12 @@ const RunnerRegistrar flux_runner("FluxTransformer2DModel", [](const Case& c) {
   passes.push_back({"weights.safetensors", run_flux(*model, c)});
 
   const auto bfl_path = std::filesystem::temp_directory_path() / ("lt_parity_flux_bfl_" + std::to_string(::getpid()) + ".safetensors");
-  io::save_safetensors(bfl_path, bfl_tensors(*model, kComfyTransformerRoot), {{"format", "pt"}});
+  io::save_safetensors(bfl_path, bfl_tensors(*model, lt::models::flux::kComfyTransformerRoot), {{"format", "pt"}});
   const auto bfl_file = io::SafetensorsFile::open(bfl_path);
   // The config read back from the BFL shapes (block counts, widths, rope axes, guidance).
-  FluxTransformer2DModel from_bfl(detect_bfl_config(*bfl_file, kComfyTransformerRoot));
+  FluxTransformer2DModel from_bfl(detect_bfl_config(*bfl_file, lt::models::flux::kComfyTransformerRoot));
   from_bfl->eval();
-  load_bfl_transformer(*from_bfl, *bfl_file, kComfyTransformerRoot);
+  load_bfl_transformer(*from_bfl, *bfl_file, lt::models::flux::kComfyTransformerRoot);
   std::filesystem::remove(bfl_path);
   passes.push_back({"BFL names under model.diffusion_model.", run_flux(*from_bfl, c)});
   return passes;

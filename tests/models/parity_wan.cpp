@@ -30,7 +30,7 @@ const RunnerRegistrar wan_transformer_runner("WanTransformer3DModel", [](const C
   passes.push_back({"weights.safetensors", {{"out.sample", out}}});
 
   const auto native_path = temp_file("transformer");
-  io::save_safetensors(native_path, native_transformer_tensors(*model, kComfyTransformerRoot), {{"format", "pt"}});
+  io::save_safetensors(native_path, native_transformer_tensors(*model, lt::models::wan::kComfyTransformerRoot), {{"format", "pt"}});
   const auto native_file = io::SafetensorsFile::open(native_path);
   const TransformerLayout layout = detect_transformer_layout(*native_file);
   WanTransformer3DModel from_native(config);  // the tiny head width is not 128: sizes from config.json

@@ -9,24 +9,20 @@
 #include "loratrain/models/key_maps.h"
 #include "loratrain/models/sd/load.h"
 #include "models/reference_unet_map.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::models;
 using namespace lt::models::sd;
 
+using lt::test::read_json;
+
 namespace {
-nlohmann::json read_json(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
-const std::filesystem::path kUnetCase = lt::test::fixtures_dir() / "parity" / "sd15_unet";
-const std::filesystem::path kVaeCase = lt::test::fixtures_dir() / "parity" / "vae";
 }  // namespace
 
 CATCH_TEST_CASE("UNet LDM key map matches diffusers' converter on every key, both ways", "[keymap]") {
-  const UNetConfig config = UNetConfig::from_json(read_json(kUnetCase / "config.json"));
+  const UNetConfig config = UNetConfig::from_json(read_json(lt::test::parity_case("sd15_unet") / "config.json"));
   const KeyMap map = unet_ldm_key_map(config);
-  const auto reference = read_json(kUnetCase / "ldm_key_map.json");  // diffusers -> LDM
+  const auto reference = read_json(lt::test::parity_case("sd15_unet") / "ldm_key_map.json");  // diffusers -> LDM
   CATCH_REQUIRE(reference.size() == 304);
   for (const auto& [diffusers, ldm] : reference.items()) {
     CATCH_INFO(diffusers << " <-> " << ldm.get<std::string>());
@@ -128,8 +124,8 @@ CATCH_TEST_CASE("CLIP text encoder LDM key map", "[keymap]") {
 }
 
 CATCH_TEST_CASE("LDM VAE with 1x1-conv attention weights loads identically to diffusers weights", "[keymap][loader]") {
-  const VAEConfig config = VAEConfig::from_json(read_json(kVaeCase / "config.json"));
-  auto diffusers_file = lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors");
+  const VAEConfig config = VAEConfig::from_json(read_json(lt::test::parity_case("vae") / "config.json"));
+  auto diffusers_file = lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "weights.safetensors");
   const KeyMap map = vae_ldm_key_map(config);
   std::vector<std::pair<std::string, at::Tensor>> ldm;
   for (const auto& info : diffusers_file->tensors()) {

@@ -9,20 +9,16 @@
 #include <fstream>
 
 #include "models/parity_runners.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 namespace lt::test::parity {
+
+using lt::test::read_json;
 
 namespace {
 std::map<std::string, Runner>& registry() {
   static std::map<std::string, Runner> runners;
   return runners;
-}
-
-nlohmann::json read_json(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  if (!in) throw std::runtime_error("cannot open " + p.string());
-  return nlohmann::json::parse(in);
 }
 
 std::filesystem::path parity_root() {

@@ -12,19 +12,14 @@
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::models;
 using namespace lt::models::sd;
 
-namespace {
+using lt::test::read_json;
 
-nlohmann::json read_json(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
-const std::filesystem::path kUnetCase = lt::test::fixtures_dir() / "parity" / "sd15_unet";
-const std::filesystem::path kVaeCase = lt::test::fixtures_dir() / "parity" / "vae";
+namespace {
 
 std::set<std::string> file_keys(const lt::io::SafetensorsFile& f) {
   std::set<std::string> keys;
@@ -39,8 +34,8 @@ std::set<std::string> module_keys(torch::nn::Module& m) {
 }
 
 UNet2DConditionModel fixture_unet() {
-  UNet2DConditionModel unet(UNetConfig::from_json(read_json(kUnetCase / "config.json")));
-  load_unet(*unet, *lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors"));
+  UNet2DConditionModel unet(UNetConfig::from_json(read_json(lt::test::parity_case("sd15_unet") / "config.json")));
+  load_unet(*unet, *lt::io::SafetensorsFile::open(lt::test::parity_case("sd15_unet") / "weights.safetensors"));
   return unet;
 }
 
@@ -60,14 +55,14 @@ class TestAdapter : public Adapter {
 }  // namespace
 
 CATCH_TEST_CASE("UNet and VAE module keys equal the diffusers state-dict keys", "[unet][vae]") {
-  UNet2DConditionModel unet(UNetConfig::from_json(read_json(kUnetCase / "config.json")));
-  CATCH_CHECK(module_keys(*unet) == file_keys(*lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors")));
-  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
-  CATCH_CHECK(module_keys(*vae) == file_keys(*lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors")));
+  UNet2DConditionModel unet(UNetConfig::from_json(read_json(lt::test::parity_case("sd15_unet") / "config.json")));
+  CATCH_CHECK(module_keys(*unet) == file_keys(*lt::io::SafetensorsFile::open(lt::test::parity_case("sd15_unet") / "weights.safetensors")));
+  AutoencoderKL vae(VAEConfig::from_json(read_json(lt::test::parity_case("vae") / "config.json")));
+  CATCH_CHECK(module_keys(*vae) == file_keys(*lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "weights.safetensors")));
 }
 
 CATCH_TEST_CASE("UNet config: JSON fields, rejection of unsupported features, detection from weights", "[unet][config]") {
-  const auto j = read_json(kUnetCase / "config.json");
+  const auto j = read_json(lt::test::parity_case("sd15_unet") / "config.json");
   const UNetConfig c = UNetConfig::from_json(j);
   CATCH_CHECK(c.block_out_channels == std::vector<int64_t>{16, 24});
   CATCH_CHECK(c.attention_head_dim == std::vector<int64_t>{4, 4});
@@ -89,7 +84,7 @@ CATCH_TEST_CASE("UNet config: JSON fields, rejection of unsupported features, de
   for (const auto& [file, prefix] : std::vector<std::pair<std::string, std::string>>{
            {"weights.safetensors", ""}, {"weights_ldm.safetensors", "model.diffusion_model."}}) {
     CATCH_INFO(file);
-    UNetConfig d = UNetConfig::detect_from_weights(*lt::io::SafetensorsFile::open(kUnetCase / file), prefix);
+    UNetConfig d = UNetConfig::detect_from_weights(*lt::io::SafetensorsFile::open(lt::test::parity_case("sd15_unet") / file), prefix);
     // Head counts are not stored in weights; everything else must be read back exactly.
     d.attention_head_dim = c.attention_head_dim;
     d.norm_num_groups = c.norm_num_groups;
@@ -97,16 +92,16 @@ CATCH_TEST_CASE("UNet config: JSON fields, rejection of unsupported features, de
     CATCH_CHECK(d.to_json() == c.to_json());
   }
   // Without config.json the group count follows the channels (32 for real models).
-  CATCH_CHECK(UNetConfig::detect_from_weights(*lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors"), "")
+  CATCH_CHECK(UNetConfig::detect_from_weights(*lt::io::SafetensorsFile::open(lt::test::parity_case("sd15_unet") / "weights.safetensors"), "")
                   .norm_num_groups == 8);
 }
 
 CATCH_TEST_CASE("UNet LDM single file loads the same tensors as the diffusers file", "[unet][loader]") {
-  const UNetConfig c = UNetConfig::from_json(read_json(kUnetCase / "config.json"));
+  const UNetConfig c = UNetConfig::from_json(read_json(lt::test::parity_case("sd15_unet") / "config.json"));
   UNet2DConditionModel a(c), b(c);
-  auto ldm = lt::io::SafetensorsFile::open(kUnetCase / "weights_ldm.safetensors");
+  auto ldm = lt::io::SafetensorsFile::open(lt::test::parity_case("sd15_unet") / "weights_ldm.safetensors");
   CATCH_CHECK(detect_unet_layout(*ldm) == WeightLayout::kLdm);
-  CATCH_CHECK(load_unet(*a, *lt::io::SafetensorsFile::open(kUnetCase / "weights.safetensors")) == 304);
+  CATCH_CHECK(load_unet(*a, *lt::io::SafetensorsFile::open(lt::test::parity_case("sd15_unet") / "weights.safetensors")) == 304);
   CATCH_CHECK(load_unet(*b, *ldm) == 304);
   auto ta = module_tensors(*a), tb = module_tensors(*b);
   for (const auto& [k, t] : ta) CATCH_CHECK(torch::equal(t, tb.at(k)));
@@ -137,8 +132,8 @@ CATCH_TEST_CASE("chunked (memory-efficient) attention equals plain attention in 
   // Equal up to float32 summation order: 1e-6 relative to the output's magnitude.
   CATCH_CHECK((plain - chunked).abs().max().item<double>() <= 1e-6 * std::max(1.0, plain.abs().max().item<double>()));
 
-  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
-  load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));
+  AutoencoderKL vae(VAEConfig::from_json(read_json(lt::test::parity_case("vae") / "config.json")));
+  load_vae(*vae, *lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "weights.safetensors"));
   at::Tensor img = torch::rand({1, 3, 32, 32}) * 2 - 1;
   vae->set_attention_query_chunk(0);
   at::Tensor m0 = vae->encode(img).mean;
@@ -290,8 +285,8 @@ CATCH_TEST_CASE("checkpointing replays the forward's dropout mask in the recompu
 
 CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
   torch::NoGradGuard no_grad;
-  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
-  load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));
+  AutoencoderKL vae(VAEConfig::from_json(read_json(lt::test::parity_case("vae") / "config.json")));
+  load_vae(*vae, *lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "weights.safetensors"));
   vae->eval();
   torch::manual_seed(3);
   at::Tensor img = torch::rand({2, 3, 32, 32}) * 2 - 1;
@@ -345,11 +340,11 @@ CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
 // 0.38.0 on torch 1.13 from the fixture's weights and in.image, in train mode), so that a VAE learning
 // slowly is the recipe's doing and not a wrong backward.
 CATCH_TEST_CASE("VAE reconstruction loss: gradients equal diffusers'", "[vae][gradients]") {
-  AutoencoderKL vae(VAEConfig::from_json(read_json(kVaeCase / "config.json")));
-  load_vae(*vae, *lt::io::SafetensorsFile::open(kVaeCase / "weights.safetensors"));
+  AutoencoderKL vae(VAEConfig::from_json(read_json(lt::test::parity_case("vae") / "config.json")));
+  load_vae(*vae, *lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "weights.safetensors"));
   vae->train();
-  const at::Tensor x = lt::io::SafetensorsFile::open(kVaeCase / "io.safetensors")->load("in.image");
-  const auto expected = lt::io::SafetensorsFile::open(kVaeCase / "grads.safetensors");
+  const at::Tensor x = lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "io.safetensors")->load("in.image");
+  const auto expected = lt::io::SafetensorsFile::open(lt::test::parity_case("vae") / "grads.safetensors");
   const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
   loss.backward();
   CATCH_CHECK(loss.item<double>() == Approx(expected->load("out.loss").item<double>()).epsilon(1e-5));

@@ -15,11 +15,13 @@
 #include "loratrain/train/demo_base.h"
 #include "loratrain/util/error.h"
 #include "models/reference_unet_map.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::models;
 using namespace lt::models::sd;
 namespace fs = std::filesystem;
+
+using lt::test::input_error_of;
 
 namespace {
 
@@ -39,15 +41,6 @@ fs::path demo_base(const std::string& name, lt::train::DemoArch arch, bool diffu
 
 fs::path sdxl_file() { return demo_base("single", lt::train::DemoArch::kSDXL); }
 fs::path sdxl_folder() { return demo_base("diffusers", lt::train::DemoArch::kSDXL, true); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::InputError& e) {
-    return e.what();
-  }
-  return "(no lt::InputError)";
-}
 
 // A copy of `src` without the tensors whose names start with `drop`.
 fs::path without(const fs::path& src, const std::string& drop, const std::string& name) {
@@ -119,7 +112,7 @@ CATCH_TEST_CASE("the tiny SDXL single file has the real key layout and is detect
 
 CATCH_TEST_CASE("wrong family, incomplete and broken SDXL checkpoints: one clear error each", "[sdxl][registry][errors]") {
   // An SD1 checkpoint where SDXL is expected.
-  const std::string sd1 = error_of([] { SDXLCheckpoint::open(demo_base("sd1", lt::train::DemoArch::kSD1)); });
+  const std::string sd1 = input_error_of([] { SDXLCheckpoint::open(demo_base("sd1", lt::train::DemoArch::kSD1)); });
   CATCH_CHECK_THAT(sd1, Catch::Contains("not an SDXL checkpoint: an sd1 checkpoint"));
   CATCH_CHECK_THAT(sd1, Catch::Contains("cross-attention width 64"));
 
@@ -128,13 +121,13 @@ CATCH_TEST_CASE("wrong family, incomplete and broken SDXL checkpoints: one clear
   const Detection d = detect_checkpoint(*lt::io::SafetensorsFile::open(no_te2));
   CATCH_CHECK(d.family == ModelFamily::kSDXL);
   CATCH_CHECK(d.missing.count("text_encoder_2") == 1);
-  const std::string te2 = error_of([&] { SDXLCheckpoint::open(no_te2); });
+  const std::string te2 = input_error_of([&] { SDXLCheckpoint::open(no_te2); });
   CATCH_CHECK_THAT(te2, Catch::Contains("incomplete sdxl checkpoint"));
   CATCH_CHECK_THAT(te2, Catch::Contains("conditioner.embedders.1.model.*"));
 
   // No VAE: an error, unless a separate VAE is given.
   const fs::path no_vae = without(sdxl_file(), "first_stage_model.", "no_vae");
-  CATCH_CHECK_THAT(error_of([&] { SDXLCheckpoint::open(no_vae); }), Catch::Contains("first_stage_model."));
+  CATCH_CHECK_THAT(input_error_of([&] { SDXLCheckpoint::open(no_vae); }), Catch::Contains("first_stage_model."));
   const SDXLCheckpoint separate = SDXLCheckpoint::open(no_vae, /*separate_vae=*/true);
   auto vae_file = without(sdxl_file(), "model.", "vae_only");  // a VAE file in the LDM layout (and two encoders)
   CATCH_CHECK(separate.load_vae(vae_file)->config.scaling_factor == Approx(0.13025));
@@ -143,22 +136,22 @@ CATCH_TEST_CASE("wrong family, incomplete and broken SDXL checkpoints: one clear
   const fs::path truncated = lt::test::scratch_dir("sdxl_truncated") / "model.safetensors";
   fs::copy_file(sdxl_file(), truncated);
   fs::resize_file(truncated, fs::file_size(truncated) / 2);
-  CATCH_CHECK_THAT(error_of([&] { SDXLCheckpoint::open(truncated); }), Catch::Contains("truncated"));
+  CATCH_CHECK_THAT(input_error_of([&] { SDXLCheckpoint::open(truncated); }), Catch::Contains("truncated"));
 
   // One component alone, a LoRA, a folder without text_encoder_2/.
-  CATCH_CHECK_THAT(error_of([] { SDXLCheckpoint::open(sdxl_folder() / "unet" / "diffusion_pytorch_model.safetensors"); }),
+  CATCH_CHECK_THAT(input_error_of([] { SDXLCheckpoint::open(sdxl_folder() / "unet" / "diffusion_pytorch_model.safetensors"); }),
                    Catch::Contains("holds only one component"));
   const fs::path lora = lt::test::scratch_dir("sdxl_lora") / "lora.safetensors";
   lt::io::save_safetensors(lora, {{"lora_unet_input_blocks_4_1_proj_in.lora_down.weight", torch::zeros({4, 64})}});
-  CATCH_CHECK_THAT(error_of([&] { SDXLCheckpoint::open(lora); }), Catch::Contains("LoRA file"));
+  CATCH_CHECK_THAT(input_error_of([&] { SDXLCheckpoint::open(lora); }), Catch::Contains("LoRA file"));
   const fs::path partial = lt::test::scratch_dir("sdxl_partial");
   for (const char* c : {"unet", "vae", "text_encoder", "tokenizer", "tokenizer_2"}) {
     fs::copy(sdxl_folder() / c, partial / c, fs::copy_options::recursive);
   }
   fs::copy_file(sdxl_folder() / "model_index.json", partial / "model_index.json");
-  const std::string folder = error_of([&] { SDXLCheckpoint::open(partial); });
+  const std::string folder = input_error_of([&] { SDXLCheckpoint::open(partial); });
   CATCH_CHECK_THAT(folder, Catch::Contains("text_encoder_2: text_encoder_2/"));
-  CATCH_CHECK_THAT(error_of([] { SDXLCheckpoint::open("/nonexistent/sdxl.safetensors"); }), Catch::Contains("not found"));
+  CATCH_CHECK_THAT(input_error_of([] { SDXLCheckpoint::open("/nonexistent/sdxl.safetensors"); }), Catch::Contains("not found"));
 }
 
 CATCH_TEST_CASE("SDXL single file and diffusers folder load the same components", "[sdxl][loader]") {
@@ -259,8 +252,8 @@ CATCH_TEST_CASE("SDXL tokenizers: folders, a tokenizer_path, and the single-file
   // A single file with no tokenizer anywhere: the message says what to set.
   const fs::path alone = lt::test::scratch_dir("sdxl_alone") / "model.safetensors";
   fs::copy_file(sdxl_file(), alone);
-  CATCH_CHECK_THAT(error_of([&] { SDXLCheckpoint::open(alone).load_tokenizer(); }), Catch::Contains("model.tokenizer_path"));
-  CATCH_CHECK_THAT(error_of([&] { SDXLCheckpoint::open(alone).load_tokenizer_2(); }), Catch::Contains("model.tokenizer_path"));
+  CATCH_CHECK_THAT(input_error_of([&] { SDXLCheckpoint::open(alone).load_tokenizer(); }), Catch::Contains("model.tokenizer_path"));
+  CATCH_CHECK_THAT(input_error_of([&] { SDXLCheckpoint::open(alone).load_tokenizer_2(); }), Catch::Contains("model.tokenizer_path"));
 }
 
 CATCH_TEST_CASE("check_sdxl_components names a width mismatch", "[sdxl]") {
@@ -270,9 +263,9 @@ CATCH_TEST_CASE("check_sdxl_components names a width mismatch", "[sdxl]") {
   auto te2 = c.load_text_encoder_2()->config;
   CATCH_CHECK_NOTHROW(check_sdxl_components(unet, te1, te2, "x"));
   te2.projection_dim = 64;
-  CATCH_CHECK_THAT(error_of([&] { check_sdxl_components(unet, te1, te2, "x"); }), Catch::Contains("1568"));
+  CATCH_CHECK_THAT(input_error_of([&] { check_sdxl_components(unet, te1, te2, "x"); }), Catch::Contains("1568"));
   te1.hidden_size = 32;
-  CATCH_CHECK_THAT(error_of([&] { check_sdxl_components(unet, te1, te2, "x"); }), Catch::Contains("160"));
+  CATCH_CHECK_THAT(input_error_of([&] { check_sdxl_components(unet, te1, te2, "x"); }), Catch::Contains("160"));
 }
 
 CATCH_TEST_CASE("sdxl_unet fixture from LDM single-file names (ComfyUI's numbering) matches diffusers", "[sdxl][parity][loader]") {

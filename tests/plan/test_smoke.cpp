@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kPreviews =
+const std::string kPlannedPreviews =
     "      sample:\n        sample_every: 1000\n        width: 64\n        height: 64\n        sample_steps: 2\n"
     "        prompts:\n          - a red square\n";
 
@@ -87,7 +87,7 @@ struct Smoke {
 
 Smoke smoke(const fs::path& root, const std::string& name, const std::string& memory, std::vector<std::string> extra = {}) {
   const fs::path config =
-      lt::test::write_tiny_config(root / name, name, 100, "", memory, kPreviews);
+      lt::test::write_tiny_config(root / name, name, 100, "", memory, kPlannedPreviews);
   ::setenv("TMPDIR", (root / name / "tmp").c_str(), 1);
   fs::create_directories(root / name / "tmp");
   Smoke s;

@@ -12,11 +12,13 @@
 
 #include "loratrain/io/safetensors.h"
 #include "loratrain/sample/scheduler.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace lt::sample;
 using nlohmann::json;
+
+using lt::test::read_json;
 
 namespace {
 
@@ -25,12 +27,6 @@ constexpr double kRtol = 1e-6;
 fs::path parity_dir() {
   if (const char* env = std::getenv("LT_PARITY_DIR"); env && *env) return fs::path(env);
   return lt::test::fixtures_dir() / "parity";
-}
-
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  CATCH_REQUIRE(in.good());
-  return json::parse(in);
 }
 
 // Float tensors: |got - ref| <= rtol * |ref| elementwise, with an absolute floor of rtol times the

@@ -9,9 +9,13 @@
 #include "loratrain/models/attention.h"
 #include "loratrain/models/text/clip.h"
 #include "loratrain/util/error.h"
+#include "tensor_support.h"
 #include "test_paths.h"
 
 using namespace lt::models;
+
+using lt::test::max_abs_diff;
+using lt::test::check_close;
 
 namespace {
 
@@ -29,16 +33,6 @@ std::set<std::string> model_keys(torch::nn::Module& m, const LoadOptions& option
     if (!options.optional_keys.count(k)) keys.insert(k);
   }
   return keys;
-}
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
-
-// The fixture's tolerance: max|diff| <= 1e-4 * max(1, max|out|).
-void check_close(const std::string& name, const at::Tensor& got, const at::Tensor& want) {
-  CATCH_INFO(name);
-  CATCH_REQUIRE(got.sizes() == want.sizes());
-  const double tol = 1e-4 * std::max(1.0, want.abs().max().item<double>());
-  CATCH_CHECK(max_diff(got, want) <= tol);
 }
 
 template <typename Model>
@@ -201,7 +195,7 @@ CATCH_TEST_CASE("CLIP text encoder is causal and honours a padding mask", "[text
   changed.index_put_({torch::indexing::Slice(), 7}, (ids.index({torch::indexing::Slice(), 7}) + 1) % 50);
   auto other = m(changed).last_hidden_state;
   CATCH_CHECK(torch::equal(base.narrow(1, 0, 7), other.narrow(1, 0, 7)));
-  CATCH_CHECK(max_diff(base.narrow(1, 7, 3), other.narrow(1, 7, 3)) > 1e-4);
+  CATCH_CHECK(max_abs_diff(base.narrow(1, 7, 3), other.narrow(1, 7, 3)) > 1e-4);
   // An all-ones mask is no mask; masking a key changes later positions only.
   auto ones = torch::ones({2, 10}, torch::kLong);
   CATCH_CHECK(torch::allclose(m(ids, false, ones).last_hidden_state, base, 1e-6, 1e-6));
@@ -209,7 +203,7 @@ CATCH_TEST_CASE("CLIP text encoder is causal and honours a padding mask", "[text
   mask.index_put_({torch::indexing::Slice(), 3}, 0);
   auto masked = m(ids, false, mask).last_hidden_state;
   CATCH_CHECK(torch::allclose(masked.narrow(1, 0, 3), base.narrow(1, 0, 3), 1e-6, 1e-6));
-  CATCH_CHECK(max_diff(masked.narrow(1, 4, 6), base.narrow(1, 4, 6)) > 1e-4);
+  CATCH_CHECK(max_abs_diff(masked.narrow(1, 4, 6), base.narrow(1, 4, 6)) > 1e-4);
 }
 
 CATCH_TEST_CASE("CLIP attention in query chunks equals plain attention", "[text][clip]") {
@@ -251,7 +245,7 @@ CATCH_TEST_CASE("LoRA attaches to the CLIP Linear leaves without changing keys",
   auto& layer = *m->text_model->encoder->layers[0]->as<CLIPEncoderLayer>();
   layer.self_attn->q_proj->adapter = std::make_shared<ConstantAdapter>(16);
   layer.mlp->fc2->adapter = std::make_shared<ConstantAdapter>(16);
-  CATCH_CHECK(max_diff(m(ids).last_hidden_state, base) > 1e-4);
+  CATCH_CHECK(max_abs_diff(m(ids).last_hidden_state, base) > 1e-4);
   auto keys_after = module_tensors(*m);
   CATCH_CHECK(keys_before.size() == keys_after.size());
   layer.self_attn->q_proj->adapter.reset();
@@ -268,7 +262,7 @@ CATCH_TEST_CASE("CLIP text encoder runs in half precision weights", "[text][clip
   m->to(torch::kBFloat16);
   auto low = m(ids).last_hidden_state;
   CATCH_CHECK(low.scalar_type() == torch::kBFloat16);
-  CATCH_CHECK(max_diff(low.to(torch::kFloat), ref) < 0.1 * std::max(1.0, ref.abs().max().item<double>()));
+  CATCH_CHECK(max_abs_diff(low.to(torch::kFloat), ref) < 0.1 * std::max(1.0, ref.abs().max().item<double>()));
 }
 
 CATCH_TEST_CASE("CLIP gradient checkpointing gives identical gradients", "[text][clip]") {

@@ -12,21 +12,19 @@
 #include "loratrain/models/text/clip.h"
 #include "loratrain/models/text/clip_checkpoint.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "tensor_support.h"
+#include "test_support.h"
 
 using namespace lt::models;
-using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+using lt::test::Tensors;
+using lt::test::read_tensors;
+using lt::test::check_close;
+using lt::test::input_error_of;
 
 namespace {
 
-const std::filesystem::path kCase = lt::test::fixtures_dir() / "parity" / "clip_text_with_projection";
-
-std::map<std::string, at::Tensor> fixture_weights() {
-  auto f = lt::io::SafetensorsFile::open(kCase / "weights.safetensors");
-  std::map<std::string, at::Tensor> w;
-  for (const auto& t : f->tensors()) w[t.name] = f->load(t.name);
-  return w;
-}
+const std::filesystem::path kClipCase = lt::test::parity_case("clip_text_with_projection");
 
 // The fixture's transformers weights as OpenCLIP names them under `root`, layers [0, layers).
 Tensors to_open_clip(const std::map<std::string, at::Tensor>& w, const std::string& root, int layers, bool projection) {
@@ -55,43 +53,27 @@ Tensors to_open_clip(const std::map<std::string, at::Tensor>& w, const std::stri
   return out;
 }
 
-std::shared_ptr<lt::io::SafetensorsFile> save(const std::string& name, const Tensors& tensors) {
+std::shared_ptr<lt::io::SafetensorsFile> save_and_open(const std::string& name, const Tensors& tensors) {
   const auto path = lt::test::scratch_dir("clip_ckpt_" + name) / "model.safetensors";
   lt::io::save_safetensors(path, tensors);
   return lt::io::SafetensorsFile::open(path);
 }
 
-void check_close(const std::string& name, const at::Tensor& got, const at::Tensor& want) {
-  CATCH_INFO(name);
-  CATCH_REQUIRE(got.sizes() == want.sizes());
-  const double tol = 1e-4 * std::max(1.0, want.abs().max().item<double>());
-  CATCH_CHECK((got - want).abs().max().item<double>() <= tol);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const lt::InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 CATCH_TEST_CASE("SDXL text_encoder_2 from the OpenCLIP layout matches transformers", "[text][clip][openclip][parity]") {
-  const auto w = fixture_weights();
+  const auto w = read_tensors(kClipCase / "weights.safetensors");
   const std::string root = kSDXLTextEncoder2Root;
   Tensors tensors = to_open_clip(w, root, 2, /*projection=*/true);
   tensors.emplace_back("conditioner.embedders.0.transformer.text_model.final_layer_norm.weight", torch::ones({8}));  // another encoder
-  auto file = save("sdxl_te2", tensors);
+  auto file = save_and_open("sdxl_te2", tensors);
   CATCH_CHECK(has_open_clip_text_encoder(*file, root));
   CATCH_CHECK_FALSE(has_clip_text_encoder(*file, root));
 
   // Detected from the shapes: the sizes, gelu, and the projection width (heads follow the 64-wide
   // convention, which this 32-wide fixture does not: its config is passed for the parity check).
   const CLIPTextConfig detected = detect_open_clip_config(*file, root);
-  const CLIPTextConfig reference = CLIPTextConfig::from_file(kCase / "config.json");
+  const CLIPTextConfig reference = CLIPTextConfig::from_file(kClipCase / "config.json");
   CATCH_CHECK(detected.hidden_size == reference.hidden_size);
   CATCH_CHECK(detected.intermediate_size == reference.intermediate_size);
   CATCH_CHECK(detected.num_hidden_layers == reference.num_hidden_layers);
@@ -102,7 +84,7 @@ CATCH_TEST_CASE("SDXL text_encoder_2 from the OpenCLIP layout matches transforme
   CATCH_CHECK(detected.eos_token_id == 2);
 
   auto model = load_open_clip_text_model_with_projection(*file, root, std::nullopt, reference);
-  auto io = lt::io::SafetensorsFile::open(kCase / "io.safetensors");
+  auto io = lt::io::SafetensorsFile::open(kClipCase / "io.safetensors");
   torch::NoGradGuard no_grad;
   const CLIPTextOutput out = model->forward(io->load("in.input_ids"), /*output_hidden_states=*/true);
   check_close("last_hidden_state", out.last_hidden_state, io->load("out.last_hidden_state"));
@@ -126,27 +108,27 @@ CATCH_TEST_CASE("SDXL text_encoder_2 from the OpenCLIP layout matches transforme
   // fp16 file: converted as read.
   Tensors half;
   for (const auto& [k, v] : tensors) half.emplace_back(k, v.to(torch::kHalf));
-  auto half_file = save("sdxl_te2_half", half);
+  auto half_file = save_and_open("sdxl_te2_half", half);
   auto from_half = load_open_clip_text_model_with_projection(*half_file, root, torch::kFloat, reference);
   CATCH_CHECK(from_half->text_projection->weight.scalar_type() == torch::kFloat);
   CATCH_CHECK(torch::equal(from_half->text_projection->weight, w.at("text_projection.weight").to(torch::kHalf).to(torch::kFloat)));
 }
 
 CATCH_TEST_CASE("OpenCLIP layout errors are named", "[text][clip][openclip][loader]") {
-  const auto w = fixture_weights();
+  const auto w = read_tensors(kClipCase / "weights.safetensors");
   const std::string root = kSDXLTextEncoder2Root;
-  const CLIPTextConfig reference = CLIPTextConfig::from_file(kCase / "config.json");
+  const CLIPTextConfig reference = CLIPTextConfig::from_file(kClipCase / "config.json");
   // No text_projection: SDXL's pooled embedding cannot be made.
-  auto no_proj = save("no_proj", to_open_clip(w, root, 2, /*projection=*/false));
-  CATCH_CHECK_THAT(error_of([&] { load_open_clip_text_model_with_projection(*no_proj, root, std::nullopt, reference); }),
+  auto no_proj = save_and_open("no_proj", to_open_clip(w, root, 2, /*projection=*/false));
+  CATCH_CHECK_THAT(input_error_of([&] { load_open_clip_text_model_with_projection(*no_proj, root, std::nullopt, reference); }),
                    Catch::Contains(root + "text_projection"));
   // A fused projection whose rows are not three equal blocks.
   Tensors bad = to_open_clip(w, root, 2, true);
   for (auto& [k, v] : bad) {
     if (k == root + "transformer.resblocks.1.attn.in_proj_weight") v = v.narrow(0, 0, v.size(0) - 1).contiguous();
   }
-  auto bad_file = save("bad_in_proj", bad);
-  const std::string message = error_of([&] { load_open_clip_text_model_with_projection(*bad_file, root, std::nullopt, reference); });
+  auto bad_file = save_and_open("bad_in_proj", bad);
+  const std::string message = input_error_of([&] { load_open_clip_text_model_with_projection(*bad_file, root, std::nullopt, reference); });
   CATCH_CHECK_THAT(message, Catch::Contains("mis-shaped"));
   CATCH_CHECK_THAT(message, Catch::Contains("resblocks.1.attn.in_proj_weight"));
   // A missing layer tensor and an unknown one: both in one message.
@@ -155,31 +137,31 @@ CATCH_TEST_CASE("OpenCLIP layout errors are named", "[text][clip][openclip][load
                                [&](const auto& kv) { return kv.first == root + "transformer.resblocks.0.mlp.c_fc.bias"; }),
                 missing.end());
   missing.emplace_back(root + "transformer.resblocks.0.attn.extra", torch::zeros({2}));
-  auto missing_file = save("missing", missing);
-  const std::string both = error_of([&] { load_open_clip_text_model_with_projection(*missing_file, root, std::nullopt, reference); });
+  auto missing_file = save_and_open("missing", missing);
+  const std::string both = input_error_of([&] { load_open_clip_text_model_with_projection(*missing_file, root, std::nullopt, reference); });
   CATCH_CHECK_THAT(both, Catch::Contains("text_model.encoder.layers.0.mlp.fc1.bias"));
   CATCH_CHECK_THAT(both, Catch::Contains("resblocks.0.attn.extra"));
   // Nothing under the root at all.
-  CATCH_CHECK_THAT(error_of([&] { detect_open_clip_config(*missing_file, "cond_stage_model.model."); }),
+  CATCH_CHECK_THAT(input_error_of([&] { detect_open_clip_config(*missing_file, "cond_stage_model.model."); }),
                    Catch::Contains("cond_stage_model.model.token_embedding.weight"));
 }
 
 CATCH_TEST_CASE("SD2 single files: OpenCLIP ViT-H as diffusers converts it (penultimate layer)", "[text][clip][openclip][sd2]") {
-  const auto w = fixture_weights();
+  const auto w = read_tensors(kClipCase / "weights.safetensors");
   const std::string root = kSD2TextEncoderRoot;
-  auto file = save("sd2", to_open_clip(w, root, 2, /*projection=*/true));
-  CLIPTextConfig config = CLIPTextConfig::from_file(kCase / "config.json");
+  auto file = save_and_open("sd2", to_open_clip(w, root, 2, /*projection=*/true));
+  CLIPTextConfig config = CLIPTextConfig::from_file(kClipCase / "config.json");
   config.num_hidden_layers = 1;
   auto model = load_open_clip_text_model_penultimate(*file, root, std::nullopt, config);
   CATCH_CHECK(model->text_model->encoder->layers->size() == 1);
   // The file's second (last) resblock is not read; a config claiming all layers is refused.
-  CLIPTextConfig all = CLIPTextConfig::from_file(kCase / "config.json");
-  CATCH_CHECK_THAT(error_of([&] { load_open_clip_text_model_penultimate(*file, root, std::nullopt, all); }),
+  CLIPTextConfig all = CLIPTextConfig::from_file(kClipCase / "config.json");
+  CATCH_CHECK_THAT(input_error_of([&] { load_open_clip_text_model_penultimate(*file, root, std::nullopt, all); }),
                    Catch::Contains("all but the last"));
   // Detected: one layer less than the file.
   CATCH_CHECK(load_sd_single_file_text_encoder(*file)->config.num_hidden_layers == 1);
 
-  auto io = lt::io::SafetensorsFile::open(kCase / "io.safetensors");
+  auto io = lt::io::SafetensorsFile::open(kClipCase / "io.safetensors");
   torch::NoGradGuard no_grad;
   const CLIPTextOutput out = model->forward(io->load("in.input_ids"), true);
   check_close("hidden_states.1", out.hidden_states.at(1), io->load("out.hidden_states.1"));
@@ -191,8 +173,8 @@ CATCH_TEST_CASE("SD2 single files: OpenCLIP ViT-H as diffusers converts it (penu
 }
 
 CATCH_TEST_CASE("transformers-named CLIP under the SD1 and SDXL roots", "[text][clip][loader]") {
-  const auto w = fixture_weights();
-  const CLIPTextConfig reference = CLIPTextConfig::from_file(kCase / "config.json");
+  const auto w = read_tensors(kClipCase / "weights.safetensors");
+  const CLIPTextConfig reference = CLIPTextConfig::from_file(kClipCase / "config.json");
   for (const std::string root : {kSD1TextEncoderRoot, kSDXLTextEncoderRoot}) {
     CATCH_INFO(root);
     Tensors tensors;
@@ -200,15 +182,15 @@ CATCH_TEST_CASE("transformers-named CLIP under the SD1 and SDXL roots", "[text][
       if (k.rfind("text_model.", 0) == 0) tensors.emplace_back(root + k, v);
     }
     tensors.emplace_back(root + "text_model.embeddings.position_ids", torch::arange(77).unsqueeze(0).to(torch::kFloat));
-    auto file = save("hf_" + std::to_string(root.size()), tensors);
+    auto file = save_and_open("hf_" + std::to_string(root.size()), tensors);
     CATCH_CHECK(has_clip_text_encoder(*file, root));
     CATCH_CHECK(detect_clip_config(*file, root).num_hidden_layers == 2);
     auto model = load_clip_text_model(*file, root, std::nullopt, reference);
     CATCH_CHECK(torch::equal(model->text_model->final_layer_norm->weight, w.at("text_model.final_layer_norm.weight")));
     if (root == kSD1TextEncoderRoot) CATCH_CHECK(load_sd_single_file_text_encoder(*file)->config.hidden_size == 32);
   }
-  auto none = save("none", {{"model.diffusion_model.out.2.bias", torch::zeros({4})}});
-  const std::string message = error_of([&] { load_sd_single_file_text_encoder(*none); });
+  auto none = save_and_open("none", {{"model.diffusion_model.out.2.bias", torch::zeros({4})}});
+  const std::string message = input_error_of([&] { load_sd_single_file_text_encoder(*none); });
   CATCH_CHECK_THAT(message, Catch::Contains("cond_stage_model.transformer."));
   CATCH_CHECK_THAT(message, Catch::Contains("cond_stage_model.model."));
 }

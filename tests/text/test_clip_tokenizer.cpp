@@ -10,9 +10,12 @@
 #include "loratrain/io/safetensors.h"
 #include "loratrain/models/text/clip_tokenizer.h"
 #include "loratrain/util/error.h"
-#include "test_paths.h"
+#include "test_support.h"
 
 using namespace lt::models;
+
+using lt::test::read_json;
+using lt::test::write_file;
 
 namespace {
 
@@ -24,16 +27,6 @@ std::optional<std::filesystem::path> real_vocabulary() {
   auto p = *shared / "fixtures" / "clip_tokenizer" / "bpe_simple_vocab_16e6.txt.gz";
   if (!std::filesystem::exists(p)) return std::nullopt;
   return p;
-}
-
-nlohmann::json read_json(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
-
-void write(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
 }
 
 std::vector<int64_t> row(const at::Tensor& t, int64_t i) {
@@ -109,8 +102,8 @@ CATCH_TEST_CASE("CLIP tokenizer: BPE merges by rank with </w> word ends", "[text
   for (std::string c : {"a", "b", "c", "d", "e"}) vocab[c] = id++;
   for (std::string c : {"a", "b", "c", "d", "e"}) vocab[c + "</w>"] = id++;
   for (std::string t : {"bc", "ab", "abc</w>", "bc</w>", "<|startoftext|>", "<|endoftext|>"}) vocab[t] = id++;
-  write(dir / "vocab.json", vocab.dump());
-  write(dir / "merges.txt", "#version: 0.2\nb c\na b\na bc</w>\nb c</w>\n");
+  write_file(dir / "vocab.json", vocab.dump());
+  write_file(dir / "merges.txt", "#version: 0.2\nb c\na b\na bc</w>\nb c</w>\n");
   CLIPTokenizer tok = load_clip_tokenizer(dir);
   // "abc": pairs (a,b)=rank1, (b,c</w>)=rank3 -> "ab" first, then no merge for (ab, c</w>).
   CATCH_CHECK(tok.tokenize("abc") == std::vector<std::string>{"ab", "c</w>"});
@@ -122,7 +115,7 @@ CATCH_TEST_CASE("CLIP tokenizer: BPE merges by rank with </w> word ends", "[text
   CATCH_CHECK(tok.encode("z") == std::vector<int64_t>{tok.bos_token_id(), tok.eos_token_id(), tok.eos_token_id()});
   CATCH_CHECK(tok.bos_token_id() == vocab["<|startoftext|>"].get<int64_t>());
   // The merges file's first line is a header and is always skipped, as transformers does.
-  write(dir / "merges.txt", "b c\na b\n");
+  write_file(dir / "merges.txt", "b c\na b\n");
   CATCH_CHECK(load_clip_tokenizer(dir).tokenize("abc") == std::vector<std::string>{"ab", "c</w>"});
 }
 
@@ -167,8 +160,8 @@ CATCH_TEST_CASE("CLIP tokenizer: truncation and padding as SD uses them", "[text
   CATCH_CHECK_THROWS_AS(tok.encode_padded("a", 1), lt::InputError);
 
   // SD2 / SDXL tokenizer_2: pad "!" from special_tokens_map.json; a '!' in the text is that token too.
-  write(dir / "tokenizer_config.json", R"({"model_max_length": 16, "pad_token": "<|endoftext|>"})");
-  write(dir / "special_tokens_map.json", R"({"pad_token": {"content": "!", "lstrip": false}})");
+  write_file(dir / "tokenizer_config.json", R"({"model_max_length": 16, "pad_token": "<|endoftext|>"})");
+  write_file(dir / "special_tokens_map.json", R"({"pad_token": {"content": "!", "lstrip": false}})");
   CLIPTokenizer tok2 = load_clip_tokenizer(dir);
   CATCH_CHECK(tok2.model_max_length() == 16);
   CATCH_CHECK(tok2.pad_token_id() == tok2.token_to_id("!"));
@@ -197,7 +190,7 @@ CATCH_TEST_CASE("with_pad_token: SDXL's tokenizer_2 convention for single files"
   CATCH_CHECK(e.attention_mask[7] == 0);
   CATCH_CHECK(tok.encode_padded("a photo of a cat").input_ids[7] == tok.eos_token_id());
   // The same as a tokenizer_2/ folder that says so in special_tokens_map.json.
-  write(dir / "special_tokens_map.json", R"({"pad_token": "!"})");
+  write_file(dir / "special_tokens_map.json", R"({"pad_token": "!"})");
   const CLIPTokenizer folder = load_clip_tokenizer(dir);
   for (const std::string text : {"a cat!", "", "photo of a dog , a cat"}) {
     CATCH_CHECK(folder.encode_padded(text).input_ids == tok2.encode_padded(text).input_ids);
@@ -220,9 +213,9 @@ CATCH_TEST_CASE("load_clip_tokenizer: folder forms and clear errors", "[text][to
   } catch (const lt::InputError& e) {
     CATCH_CHECK(std::string(e.what()).find("vocab.json") != std::string::npos);
   }
-  write(empty / "weights.bin", "x");
+  write_file(empty / "weights.bin", "x");
   CATCH_CHECK_THROWS_AS(load_clip_tokenizer(empty / "weights.bin"), lt::InputError);
-  write(empty / "broken.txt.gz", "not gzip at all");
+  write_file(empty / "broken.txt.gz", "not gzip at all");
   CATCH_CHECK_THROWS_AS(load_clip_tokenizer(empty / "broken.txt.gz"), lt::InputError);
   // A diffusers model folder: the tokenizer/ subfolder is found.
   auto model = lt::test::scratch_dir("clip_tok_model");

@@ -17,9 +17,9 @@
 
 using namespace lt::models;
 
-namespace {
+using lt::test::parity_case;
 
-const std::filesystem::path kCase = lt::test::fixtures_dir() / "parity" / "t5_encoder";
+namespace {
 
 T5Config tiny_config(const std::string& model_type) {
   T5Config c;
@@ -111,7 +111,7 @@ std::set<std::string> parameter_names(torch::nn::Module& m) {
 }  // namespace
 
 CATCH_TEST_CASE("T5 config: config.json keys, defaults, errors", "[t5][config]") {
-  const T5Config c = T5Config::from_file(kCase / "config.json");
+  const T5Config c = T5Config::from_file(parity_case("t5_encoder") / "config.json");
   CATCH_CHECK(c.model_type == "t5");
   CATCH_CHECK(c.d_model == 32);
   CATCH_CHECK(c.d_kv == 8);
@@ -134,7 +134,7 @@ CATCH_TEST_CASE("T5 config: config.json keys, defaults, errors", "[t5][config]")
   CATCH_CHECK_THROWS_WITH(T5Config::from_json({{"feed_forward_proj", "relu"}}), Catch::Contains("relu"));
   CATCH_CHECK_THROWS_WITH(T5Config::from_json({{"model_type", "bert"}}), Catch::Contains("not a T5 encoder"));
   CATCH_CHECK_THROWS_AS(T5Config::from_json({{"num_heads", 0}}), lt::InputError);
-  CATCH_CHECK_THROWS_AS(T5Config::from_file(kCase / "missing.json"), lt::InputError);
+  CATCH_CHECK_THROWS_AS(T5Config::from_file(parity_case("t5_encoder") / "missing.json"), lt::InputError);
 }
 
 CATCH_TEST_CASE("T5 config from weight shapes: T5-XXL v1.1 and umT5-XXL", "[t5][config]") {
@@ -161,8 +161,8 @@ CATCH_TEST_CASE("T5 config from weight shapes: T5-XXL v1.1 and umT5-XXL", "[t5][
 
 CATCH_TEST_CASE("T5 module tree is transformers' state-dict key tree", "[t5]") {
   // T5: the fixture's keys (save_pretrained: shared.weight, no tied encoder.embed_tokens.weight).
-  T5EncoderModel t5(T5Config::from_file(kCase / "config.json"));
-  auto file = lt::io::SafetensorsFile::open(kCase / "weights.safetensors");
+  T5EncoderModel t5(T5Config::from_file(parity_case("t5_encoder") / "config.json"));
+  auto file = lt::io::SafetensorsFile::open(parity_case("t5_encoder") / "weights.safetensors");
   std::set<std::string> file_keys;
   for (const auto& t : file->tensors()) file_keys.insert(t.name);
   CATCH_CHECK(parameter_names(*t5) == file_keys);

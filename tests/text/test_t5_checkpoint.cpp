@@ -18,28 +18,22 @@
 #include "loratrain/models/text/t5.h"
 #include "loratrain/models/text/t5_checkpoint.h"
 #include "loratrain/util/error.h"
+#include "tensor_support.h"
 #include "test_paths.h"
 
 using namespace lt::models;
 
+using lt::test::Tensors;
+using lt::test::read_tensors;
+using lt::test::max_abs_diff;
+
+using lt::test::parity_case;
+
 namespace {
 
-const std::filesystem::path kCase = lt::test::fixtures_dir() / "parity" / "t5_encoder";
-using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-std::map<std::string, at::Tensor> fixture_weights() {
-  auto f = lt::io::SafetensorsFile::open(kCase / "weights.safetensors");
-  std::map<std::string, at::Tensor> w;
-  for (const auto& t : f->tensors()) w[t.name] = f->load(t.name);
-  return w;
-}
-
-at::Tensor fixture_input() { return lt::io::SafetensorsFile::open(kCase / "io.safetensors")->load("in.input_ids"); }
-at::Tensor fixture_output() { return lt::io::SafetensorsFile::open(kCase / "io.safetensors")->load("out.last_hidden_state"); }
-
-double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
-}
+at::Tensor fixture_input() { return lt::io::SafetensorsFile::open(parity_case("t5_encoder") / "io.safetensors")->load("in.input_ids"); }
+at::Tensor fixture_output() { return lt::io::SafetensorsFile::open(parity_case("t5_encoder") / "io.safetensors")->load("out.last_hidden_state"); }
 
 at::Tensor run(T5EncoderModel& model) {
   torch::NoGradGuard no_grad;
@@ -49,12 +43,12 @@ at::Tensor run(T5EncoderModel& model) {
 // The fixture's own tolerance (meta.json): 1e-4 * max(1, max|out|).
 void check_matches_reference(T5EncoderModel& model) {
   const at::Tensor expected = fixture_output();
-  CATCH_CHECK(max_diff(run(model), expected) <= 1e-4 * std::max(1.0, expected.abs().max().item<double>()));
+  CATCH_CHECK(max_abs_diff(run(model), expected) <= 1e-4 * std::max(1.0, expected.abs().max().item<double>()));
 }
 
 // A model holding exactly `weights` (fp32), as the reference for a lossy file.
 T5EncoderModel model_with(const std::map<std::string, at::Tensor>& weights) {
-  T5EncoderModel m(T5Config::from_file(kCase / "config.json"));
+  T5EncoderModel m(T5Config::from_file(parity_case("t5_encoder") / "config.json"));
   torch::NoGradGuard no_grad;
   for (auto& p : m->named_parameters(true)) p.value().copy_(weights.at(p.key()));
   m->eval();
@@ -159,17 +153,17 @@ bool is_linear_weight(const std::string& key) {
 
 CATCH_TEST_CASE("T5 from a transformers folder (config.json + model.safetensors)", "[t5][loader]") {
   const auto dir = lt::test::scratch_dir("t5_ckpt_folder");
-  std::filesystem::copy_file(kCase / "config.json", dir / "config.json");
-  std::filesystem::copy_file(kCase / "weights.safetensors", dir / "model.safetensors");
+  std::filesystem::copy_file(parity_case("t5_encoder") / "config.json", dir / "config.json");
+  std::filesystem::copy_file(parity_case("t5_encoder") / "weights.safetensors", dir / "model.safetensors");
   T5EncoderModel model = load_t5_encoder(dir);
   CATCH_CHECK(!model->is_training());
   check_matches_reference(model);
 
   // Sharded as FLUX.1's text_encoder_2/ is: two files and model.safetensors.index.json.
   const auto sharded = lt::test::scratch_dir("t5_ckpt_sharded");
-  std::filesystem::copy_file(kCase / "config.json", sharded / "config.json");
+  std::filesystem::copy_file(parity_case("t5_encoder") / "config.json", sharded / "config.json");
   {
-    auto all = fixture_weights();
+    auto all = read_tensors(parity_case("t5_encoder") / "weights.safetensors");
     Tensors shards[2];
     nlohmann::json weight_map = nlohmann::json::object();
     size_t i = 0;
@@ -187,14 +181,14 @@ CATCH_TEST_CASE("T5 from a transformers folder (config.json + model.safetensors)
   check_matches_reference(from_shards);
 
   const auto empty = lt::test::scratch_dir("t5_ckpt_no_weights");
-  std::filesystem::copy_file(kCase / "config.json", empty / "config.json");
+  std::filesystem::copy_file(parity_case("t5_encoder") / "config.json", empty / "config.json");
   std::ofstream(empty / "model.safetensors.index.json") << "{}";
   CATCH_CHECK_THROWS_WITH(load_t5_encoder(empty), Catch::Contains("model.safetensors") && Catch::Contains("sharded"));
   CATCH_CHECK_THROWS_WITH(load_t5_encoder(empty / "nothing.safetensors"), Catch::Contains("does not exist"));
 }
 
 CATCH_TEST_CASE("T5 single files: tied embedding twice or once, ComfyUI prefix, full T5", "[t5][loader]") {
-  auto w = fixture_weights();
+  auto w = read_tensors(parity_case("t5_encoder") / "weights.safetensors");
   CATCH_SECTION("t5xxl_fp16 layout: shared.weight and encoder.embed_tokens.weight") {
     Tensors t = with_prefix(w, "");
     t.emplace_back("encoder.embed_tokens.weight", w.at("shared.weight"));
@@ -234,12 +228,12 @@ CATCH_TEST_CASE("T5 single files: tied embedding twice or once, ComfyUI prefix, 
     }
     T5EncoderModel model = load_t5_encoder(save("t5_fp16", t));
     T5EncoderModel expected = model_with(rounded);
-    CATCH_CHECK(max_diff(run(model), run(expected)) < 1e-5);
+    CATCH_CHECK(max_abs_diff(run(model), run(expected)) < 1e-5);
   }
 }
 
 CATCH_TEST_CASE("T5 fp8 files: plain E4M3 everywhere, and ComfyUI scaled fp8", "[t5][loader][fp8]") {
-  const auto w = fixture_weights();
+  const auto w = read_tensors(parity_case("t5_encoder") / "weights.safetensors");
   CATCH_SECTION("t5xxl_fp8_e4m3fn: every tensor F8_E4M3, widened at load") {
     std::vector<RawTensor> tensors;
     std::map<std::string, at::Tensor> rounded;
@@ -254,7 +248,7 @@ CATCH_TEST_CASE("T5 fp8 files: plain E4M3 everywhere, and ComfyUI scaled fp8", "
       CATCH_CHECK(torch::equal(p.value(), rounded.at(p.key())));
     }
     T5EncoderModel expected = model_with(rounded);
-    CATCH_CHECK(max_diff(run(model), run(expected)) < 1e-5);
+    CATCH_CHECK(max_abs_diff(run(model), run(expected)) < 1e-5);
   }
 
   // Per-tensor scale amax/448 (ComfyUI's), or one per output row (newer files).
@@ -289,10 +283,10 @@ CATCH_TEST_CASE("T5 fp8 files: plain E4M3 everywhere, and ComfyUI scaled fp8", "
     T5EncoderModel model = load_t5_encoder(path);
     for (const auto& p : model->named_parameters(true)) {
       CATCH_INFO(p.key());
-      CATCH_CHECK(max_diff(p.value(), dequantized.at(p.key())) <= 1e-6 * std::max(1.0, dequantized.at(p.key()).abs().max().item<double>()));
+      CATCH_CHECK(max_abs_diff(p.value(), dequantized.at(p.key())) <= 1e-6 * std::max(1.0, dequantized.at(p.key()).abs().max().item<double>()));
     }
     T5EncoderModel expected = model_with(dequantized);
-    CATCH_CHECK(max_diff(run(model), run(expected)) < 1e-5);
+    CATCH_CHECK(max_abs_diff(run(model), run(expected)) < 1e-5);
   };
   CATCH_SECTION("t5xxl_fp8_e4m3fn_scaled: scaled_fp8 marker, scale_weight, scale_input") {
     const auto [path, dequantized] = scaled_file("t5_fp8_scaled", false, false);
@@ -313,8 +307,8 @@ CATCH_TEST_CASE("T5 fp8 files: plain E4M3 everywhere, and ComfyUI scaled fp8", "
 }
 
 CATCH_TEST_CASE("T5 loading is strict: one error lists missing, unexpected and mis-shaped tensors", "[t5][loader]") {
-  auto w = fixture_weights();
-  const auto config = T5Config::from_file(kCase / "config.json");
+  auto w = read_tensors(parity_case("t5_encoder") / "weights.safetensors");
+  const auto config = T5Config::from_file(parity_case("t5_encoder") / "config.json");
   w.erase("encoder.block.1.layer.1.layer_norm.weight");
   w["encoder.block.0.layer.0.SelfAttention.extra.weight"] = torch::zeros({2});
   w["encoder.block.1.layer.1.DenseReluDense.wo.weight"] = torch::zeros({32, 36});
@@ -332,20 +326,20 @@ CATCH_TEST_CASE("T5 loading is strict: one error lists missing, unexpected and m
   // No T5 at all, or two that the file does not say how to choose between.
   CATCH_CHECK_THROWS_WITH(load_t5_encoder(save("t5_none", {{"x.weight", torch::zeros({2})}})),
                           Catch::Contains("no T5 encoder weights"));
-  Tensors two = with_prefix(fixture_weights(), "a.");
-  for (auto& t : with_prefix(fixture_weights(), "b.")) two.push_back(t);
+  Tensors two = with_prefix(read_tensors(parity_case("t5_encoder") / "weights.safetensors"), "a.");
+  for (auto& t : with_prefix(read_tensors(parity_case("t5_encoder") / "weights.safetensors"), "b.")) two.push_back(t);
   CATCH_CHECK_THROWS_WITH(load_t5_encoder(save("t5_two", two)), Catch::Contains("several T5 encoders"));
 }
 
 CATCH_TEST_CASE("T5 compute dtype: bf16 everywhere; fp16 keeps wo in fp32", "[t5][loader]") {
-  const auto path = kCase / "weights.safetensors";
+  const auto path = parity_case("t5_encoder") / "weights.safetensors";
   T5EncoderModel bf16 = load_t5_encoder(path, torch::kBFloat16);
   for (const auto& p : bf16->named_parameters(true)) CATCH_CHECK(p.value().scalar_type() == torch::kBFloat16);
   const at::Tensor expected = fixture_output();
-  CATCH_CHECK(max_diff(run(bf16), expected) < 0.05 * std::max(1.0, expected.abs().max().item<double>()));
+  CATCH_CHECK(max_abs_diff(run(bf16), expected) < 0.05 * std::max(1.0, expected.abs().max().item<double>()));
 
   T5EncoderModel fp16 = load_t5_encoder(path, torch::kHalf);
-  const auto w = fixture_weights();
+  const auto w = read_tensors(parity_case("t5_encoder") / "weights.safetensors");
   for (const auto& p : fp16->named_parameters(true)) {
     CATCH_INFO(p.key());
     const bool wo = p.key().find(".wo.") != std::string::npos;

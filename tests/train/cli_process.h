@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "test_paths.h"
+#include "test_support.h"
 
 namespace lt::test {
 
@@ -60,11 +60,6 @@ inline ChildExit wait_child(pid_t pid) {
   ::waitpid(pid, &status, 0);
   if (WIFEXITED(status)) return {true, WEXITSTATUS(status)};
   return {false, WIFSIGNALED(status) ? WTERMSIG(status) : -1};
-}
-
-inline std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // Polls (every 5 ms) until `done` holds or the child has exited or `timeout` passed; true when `done`.

@@ -22,8 +22,13 @@
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/error.h"
 #include "train_fixture.h"
+#include "tensor_support.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
+
+using lt::test::read_tensors;
+using lt::test::read_json;
 
 namespace {
 
@@ -42,13 +47,6 @@ const fs::path& tiny_flux() {
     return d;
   }();
   return dir;
-}
-
-std::map<std::string, at::Tensor> read_all(const fs::path& path) {
-  auto file = lt::io::SafetensorsFile::open(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& t : file->tensors()) out[t.name] = file->load(t.name);
-  return out;
 }
 
 const std::string kSample =
@@ -113,7 +111,7 @@ CATCH_TEST_CASE("Flux dev: the single file and the diffusers folder train the sa
   CATCH_CHECK(file->metadata().at("modelspec.architecture") == "flux-1-dev/lora");
   size_t moved = 0;
   std::set<std::string> names;
-  for (const auto& [name, t] : read_all(run / "fx.safetensors")) {
+  for (const auto& [name, t] : read_tensors(run / "fx.safetensors")) {
     CATCH_CHECK(name.rfind("lora_unet_", 0) == 0);
     names.insert(name);
     if (name.find("lora_up") != std::string::npos && t.abs().max().item<double>() > 0) ++moved;
@@ -137,7 +135,7 @@ CATCH_TEST_CASE("Flux: save_format diffusers writes PEFT names; dev embeds train
   auto peft = lt::train::run_training(
       flux_run(root / "peft", "fx", 2, tiny_flux() / "dev" / "model.safetensors", {"save.save_format=diffusers"}));
   CATCH_REQUIRE(peft.exit_code == 0);
-  const auto tensors = read_all(root / "peft" / "fx" / "fx.safetensors");
+  const auto tensors = read_tensors(root / "peft" / "fx" / "fx.safetensors");
   CATCH_CHECK(tensors.count("transformer.single_transformer_blocks.0.attn.to_q.lora_A.weight"));
   CATCH_CHECK(tensors.count("transformer.transformer_blocks.0.attn.to_out.0.lora_B.weight"));
   for (const auto& [name, t] : tensors) CATCH_CHECK(name.rfind("transformer.", 0) == 0);
@@ -182,8 +180,8 @@ CATCH_TEST_CASE("Flux: an interrupted run resumes bit-identically", "[train][e2e
   CATCH_REQUIRE(resumed.exit_code == 0);
   CATCH_REQUIRE(resumed.losses.size() == 2);
   for (size_t i = 0; i < 2; ++i) CATCH_CHECK(resumed.losses[i] == whole.losses[2 + i]);
-  auto a = read_all(root / "a" / "fx" / "fx.safetensors");
-  auto b = read_all(root / "b" / "fx" / "fx.safetensors");
+  auto a = read_tensors(root / "a" / "fx" / "fx.safetensors");
+  auto b = read_tensors(root / "b" / "fx" / "fx.safetensors");
   CATCH_REQUIRE(a.size() == b.size());
   for (const auto& [name, t] : a) CATCH_CHECK(torch::equal(t, b.at(name)));
 }
@@ -254,11 +252,6 @@ CATCH_TEST_CASE("Flux: look-alikes and broken inputs get one clear error, exit 2
 
 namespace {
 
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
 // ComfyUI's rules for a LoRA on a BFL-named Flux (comfy/lora.py, weight_adapter/lora.py): kohya
 // stems lora_unet_<BFL module, '.' -> '_'> adapt that weight whole with alpha / rank (rank = the
 // down's rows); PEFT names transformer.<diffusers module> adapt their rows of the fused BFL weight
@@ -266,7 +259,7 @@ nlohmann::json read_json(const fs::path& path) {
 std::map<std::string, at::Tensor> comfy_merge(const std::map<std::string, at::Tensor>& base, const fs::path& lora) {
   std::map<std::string, at::Tensor> bfl;
   for (const auto& [key, t] : base) bfl[key] = t.clone();
-  const auto tensors = read_all(lora);
+  const auto tensors = read_tensors(lora);
   auto add = [&bfl](const std::string& key, int64_t offset, int64_t rows, const at::Tensor& delta) {
     CATCH_REQUIRE(bfl.count(key));
     at::Tensor& w = bfl.at(key);
@@ -332,7 +325,7 @@ CATCH_TEST_CASE("Flux: kohya's BFL layout (fused qkv and linear1, ss_* metadata)
   const auto peft_file = root / "peft" / "fx" / "fx.safetensors";
 
   // The fused modules: downs stacked (3 x rank 4), ups block-diagonal, alpha 3 x 4 (scale 1 kept).
-  const auto k = read_all(kohya_file);
+  const auto k = read_tensors(kohya_file);
   const at::Tensor qkv_up = k.at("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight");
   CATCH_CHECK(k.at("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight").sizes() == at::IntArrayRef({12, 64}));
   CATCH_CHECK(qkv_up.sizes() == at::IntArrayRef({192, 12}));
@@ -350,7 +343,7 @@ CATCH_TEST_CASE("Flux: kohya's BFL layout (fused qkv and linear1, ss_* metadata)
   // ComfyUI's merge of each file into the base's BFL weights: the same model, within 1e-5.
   std::map<std::string, at::Tensor> base;
   const std::string root_key = "model.diffusion_model.";
-  for (const auto& [name, t] : read_all(model)) {
+  for (const auto& [name, t] : read_tensors(model)) {
     if (name.rfind(root_key, 0) == 0) base[name.substr(root_key.size())] = t.to(at::kFloat);
   }
   const auto from_kohya = comfy_merge(base, kohya_file);
@@ -744,7 +737,7 @@ fs::path fp8_copy(const fs::path& source, const fs::path& target, bool scaled, F
     out.push_back({transformer + "scaled_fp8", code_dtype, {0}, ""});
     out.push_back({t5 + "scaled_fp8", code_dtype, {0}, ""});
   }
-  for (const auto& [name, t] : read_all(source)) {
+  for (const auto& [name, t] : read_tensors(source)) {
     const bool ours = name.rfind(transformer, 0) == 0 || name.rfind(t5, 0) == 0;
     const bool weight = t.dim() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
     if (!ours || !t.is_floating_point() || (scaled && !weight)) {

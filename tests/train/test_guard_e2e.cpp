@@ -17,16 +17,16 @@
 #include "loratrain/memory/budget_allocator.h"
 #include "loratrain/train/trainer.h"
 #include "train_fixture.h"
+#include "tensor_support.h"
+#include "test_support.h"
+
+using lt::test::read_tensors;
+using lt::test::read_json;
 
 namespace {
 
 // These tests watch the guard react to real OOMs: the planner's start from a fitting rung is off.
 const std::string kReactive = "        oom_guard:\n          plan: false\n";
-
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
 
 std::vector<std::string> actions_of(const nlohmann::json& report) {
   std::vector<std::string> out;
@@ -36,13 +36,6 @@ std::vector<std::string> actions_of(const nlohmann::json& report) {
 
 int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
   return report.at("peaks").at(phase).at("peak_allocated").get<int64_t>();
-}
-
-std::map<std::string, at::Tensor> read_all(const std::filesystem::path& path) {
-  auto file = lt::io::SafetensorsFile::open(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& t : file->tensors()) out[t.name] = file->load(t.name);
-  return out;
 }
 
 // One step of the given shape with the guard on but an unlimited budget: its per-phase peaks.
@@ -155,8 +148,8 @@ CATCH_TEST_CASE("guard recovery, then an interruption: the resumed run keeps the
   CATCH_CHECK(resumed.actions.empty());  // nothing failed again: the settings came with the state
   CATCH_REQUIRE(resumed.losses.size() == 3);
   for (size_t i = 0; i < 3; ++i) CATCH_CHECK(resumed.losses[i] == whole.losses[3 + i]);
-  auto a = read_all(root / "a" / "recover" / "recover.safetensors");
-  auto b = read_all(root / "b" / "recover" / "recover.safetensors");
+  auto a = read_tensors(root / "a" / "recover" / "recover.safetensors");
+  auto b = read_tensors(root / "b" / "recover" / "recover.safetensors");
   CATCH_REQUIRE(a.size() == b.size());
   for (const auto& [name, t] : a) CATCH_CHECK(torch::equal(t, b.at(name)));
   auto report = read_json(root / "b" / "recover" / "report.json");
@@ -190,8 +183,8 @@ CATCH_TEST_CASE("injected allocation failures lose nothing: the LoRA is bit-iden
   CATCH_CHECK(b.steps_completed == 20);
   CATCH_CHECK(a.images_seen == b.images_seen);
   CATCH_CHECK(a.losses == b.losses);
-  auto la = read_all(root / "clean" / "faults" / "faults.safetensors");
-  auto lb = read_all(root / "faulty" / "faults" / "faults.safetensors");
+  auto la = read_tensors(root / "clean" / "faults" / "faults.safetensors");
+  auto lb = read_tensors(root / "faulty" / "faults" / "faults.safetensors");
   CATCH_REQUIRE(la.size() == lb.size());
   for (const auto& [name, t] : la) CATCH_CHECK(torch::equal(t, lb.at(name)));
 }
@@ -392,8 +385,8 @@ CATCH_TEST_CASE("OOM while caching latents: the VAE alone on the device, the UNe
   CATCH_CHECK(report.at("final_settings").at("quantize") == "none");
   CATCH_CHECK(report.at("final_settings").at("vae_tiling") == false);
   CATCH_CHECK(guarded.losses == clean.losses);
-  auto a = read_all(root / "clean" / "cache" / "cache.safetensors");
-  auto b = read_all(root / "guarded" / "cache" / "cache.safetensors");
+  auto a = read_tensors(root / "clean" / "cache" / "cache.safetensors");
+  auto b = read_tensors(root / "guarded" / "cache" / "cache.safetensors");
   CATCH_REQUIRE(a.size() == b.size());
   for (const auto& [name, t] : a) CATCH_CHECK(torch::equal(t, b.at(name)));
   // Round trip: diagnose reads the guard's line as a before-training OOM of lora-train.

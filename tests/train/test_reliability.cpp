@@ -10,26 +10,15 @@
 #include "loratrain/io/safetensors.h"
 #include "loratrain/train/trainer.h"
 #include "train_fixture.h"
+#include "tensor_support.h"
+#include "test_support.h"
+
+using lt::test::read_tensors;
+using lt::test::same_tensors;
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::map<std::string, at::Tensor> read_all(const fs::path& path) {
-  auto file = lt::io::SafetensorsFile::open(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& t : file->tensors()) out[t.name] = file->load(t.name);
-  return out;
-}
-
-bool same_tensors(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    if (it == b.end() || !torch::equal(t, it->second)) return false;
-  }
-  return true;
-}
 
 // Files a failed atomic write could have left behind.
 std::vector<std::string> temporary_files(const fs::path& dir) {
@@ -102,7 +91,7 @@ CATCH_TEST_CASE("SIGTERM mid-run (and again during the save): exit 143, and the 
   CATCH_CHECK(resumed.steps_completed == kSteps);
   CATCH_REQUIRE(resumed.losses.size() == static_cast<size_t>(kSteps - stopped_at));
   for (size_t i = 0; i < resumed.losses.size(); ++i) CATCH_CHECK(resumed.losses[i] == whole.losses[stopped_at + i]);
-  CATCH_CHECK(same_tensors(read_all(root / "a" / "term" / "term.safetensors"), read_all(run / "term.safetensors")));
+  CATCH_CHECK(same_tensors(read_tensors(root / "a" / "term" / "term.safetensors"), read_tensors(run / "term.safetensors")));
 }
 
 CATCH_TEST_CASE("Ctrl-C (SIGINT) mid-run: exit 130 with the state saved", "[train][e2e][resume][signal]") {

@@ -11,24 +11,13 @@
 #include "loratrain/io/safetensors.h"
 #include "loratrain/train/trainer.h"
 #include "train_fixture.h"
+#include "tensor_support.h"
+#include "test_support.h"
+
+using lt::test::read_tensors;
+using lt::test::same_tensors;
 
 namespace {
-
-std::map<std::string, at::Tensor> read_all(const std::filesystem::path& path) {
-  auto file = lt::io::SafetensorsFile::open(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& t : file->tensors()) out[t.name] = file->load(t.name);
-  return out;
-}
-
-bool same_tensors(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    if (it == b.end() || !torch::equal(t, it->second)) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -76,7 +65,7 @@ CATCH_TEST_CASE("run trains a LoRA and leaves every output in the run folder", "
   }
   CATCH_CHECK(lines == 6);
   // A kohya file: every module has down, up and alpha; the up weights moved away from zero.
-  auto lora = read_all(run / "outputs.safetensors");
+  auto lora = read_tensors(run / "outputs.safetensors");
   size_t ups = 0, moved = 0;
   for (const auto& [name, t] : lora) {
     if (name.find(".lora_up.weight") == std::string::npos) continue;
@@ -112,8 +101,8 @@ CATCH_TEST_CASE("an interrupted run resumes bit-identically on the CPU", "[train
   CATCH_CHECK(resumed.steps_completed == 8);
   CATCH_REQUIRE(resumed.losses.size() == 5);
   for (size_t i = 0; i < 5; ++i) CATCH_CHECK(resumed.losses[i] == whole.losses[3 + i]);
-  CATCH_CHECK(same_tensors(read_all(root / "a" / "resume" / "resume.safetensors"),
-                           read_all(root / "b" / "resume" / "resume.safetensors")));
+  CATCH_CHECK(same_tensors(read_tensors(root / "a" / "resume" / "resume.safetensors"),
+                           read_tensors(root / "b" / "resume" / "resume.safetensors")));
 }
 
 CATCH_TEST_CASE("gradient checkpointing changes memory, not the training", "[train][e2e]") {
@@ -127,8 +116,8 @@ CATCH_TEST_CASE("gradient checkpointing changes memory, not the training", "[tra
   auto b = lt::train::run_training(on);
   CATCH_REQUIRE(a.exit_code == 0);
   CATCH_REQUIRE(b.exit_code == 0);
-  auto la = read_all(root / "off" / "ckpt" / "ckpt.safetensors");
-  auto lb = read_all(root / "on" / "ckpt" / "ckpt.safetensors");
+  auto la = read_tensors(root / "off" / "ckpt" / "ckpt.safetensors");
+  auto lb = read_tensors(root / "on" / "ckpt" / "ckpt.safetensors");
   CATCH_REQUIRE(la.size() == lb.size());
   // Recomputation reorders no arithmetic that matters: the losses agree to float precision and
   // the adapters to well within what three Adam steps of lr 1e-3 could move them.
@@ -165,8 +154,8 @@ CATCH_TEST_CASE("EMA: the saved LoRA is the average, training goes on with the l
   CATCH_REQUIRE(whole.exit_code == 0);
   // The average does not feed back into training: the same losses as without EMA.
   CATCH_CHECK(whole.losses == without.losses);
-  auto live = read_all(root / "plain" / "ema" / "ema.safetensors");
-  auto average = read_all(root / "a" / "ema" / "ema.safetensors");
+  auto live = read_tensors(root / "plain" / "ema" / "ema.safetensors");
+  auto average = read_tensors(root / "a" / "ema" / "ema.safetensors");
   CATCH_REQUIRE(live.size() == average.size());
   size_t differ = 0;
   for (const auto& [name, t] : live) differ += torch::equal(t, average.at(name)) ? 0 : 1;
@@ -181,5 +170,5 @@ CATCH_TEST_CASE("EMA: the saved LoRA is the average, training goes on with the l
   second_half.config_path = first_half.config_path;
   auto resumed = lt::train::run_training(second_half);
   CATCH_REQUIRE(resumed.exit_code == 0);
-  CATCH_CHECK(same_tensors(average, read_all(root / "b" / "ema" / "ema.safetensors")));
+  CATCH_CHECK(same_tensors(average, read_tensors(root / "b" / "ema" / "ema.safetensors")));
 }

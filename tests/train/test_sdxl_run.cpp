@@ -9,15 +9,12 @@
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/error.h"
 #include "train_fixture.h"
+#include "tensor_support.h"
+#include "test_support.h"
+
+using lt::test::read_tensors;
 
 namespace {
-
-std::map<std::string, at::Tensor> read_all(const std::filesystem::path& path) {
-  auto file = lt::io::SafetensorsFile::open(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& t : file->tensors()) out[t.name] = file->load(t.name);
-  return out;
-}
 
 const std::string kSample =
     "      sample:\n        sample_every: 2\n        width: 64\n        height: 64\n"
@@ -52,7 +49,7 @@ CATCH_TEST_CASE("SDXL single file and diffusers folder train the same LoRA, with
   for (const auto& t : file->tensors()) ldm_named = ldm_named || t.name.rfind("lora_unet_input_blocks_", 0) == 0;
   CATCH_CHECK(ldm_named);
   size_t moved = 0;
-  for (const auto& [name, t] : read_all(run / "xl.safetensors")) {
+  for (const auto& [name, t] : read_tensors(run / "xl.safetensors")) {
     CATCH_CHECK(name.rfind("lora_unet_", 0) == 0);
     if (name.find("lora_up") != std::string::npos && t.abs().max().item<double>() > 0) ++moved;
   }
@@ -72,8 +69,8 @@ CATCH_TEST_CASE("SDXL: an interrupted run resumes bit-identically", "[train][e2e
   CATCH_REQUIRE(resumed.exit_code == 0);
   CATCH_REQUIRE(resumed.losses.size() == 3);
   for (size_t i = 0; i < 3; ++i) CATCH_CHECK(resumed.losses[i] == whole.losses[2 + i]);
-  auto a = read_all(root / "a" / "xl" / "xl.safetensors");
-  auto b = read_all(root / "b" / "xl" / "xl.safetensors");
+  auto a = read_tensors(root / "a" / "xl" / "xl.safetensors");
+  auto b = read_tensors(root / "b" / "xl" / "xl.safetensors");
   CATCH_REQUIRE(a.size() == b.size());
   for (const auto& [name, t] : a) CATCH_CHECK(torch::equal(t, b.at(name)));
 }
