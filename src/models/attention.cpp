@@ -194,7 +194,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // q, k, v: [B, H, L, D] -> [B * H, L, D]; scores in fp32 when upcast.
   const int64_t b = q.size(0), heads = q.size(1), lk = k.size(-2), d = q.size(-1), dv = v.size(-1);
   const at::ScalarType score_dtype = options.upcast ? at::kFloat : q.scalar_type();
-  const int64_t chunk = query_block_rows(lq, options.query_chunk, q.device().is_cpu() && options.cpu_speed_rule,
+  const int64_t chunk = query_block_rows(lq, lk, options.query_chunk, q.device().is_cpu() && options.cpu_speed_rule,
                                          static_cast<int64_t>(c10::elementSize(score_dtype)));
   if (chunk <= 0 || chunk >= lq) return attend(q, k, v, scale, mask, options.upcast, 0, options.causal);
   const at::Tensor q3 = q.to(score_dtype).reshape({b * heads, lq, d}).contiguous();

@@ -513,11 +513,11 @@ void Trainer::settle_cpu_dtype() {
   }
   const int64_t long_sequence = models::cpu_long_sequence(static_cast<int64_t>(c10::elementSize(dtype_)));
   if (device_.is_cpu() && models::cpu_blocks_long_sequences() && p_->memory.simulate_vram.bytes > 0) {
-    spdlog::info("attention as configured: memory.simulate_vram stands for a GPU (this CPU's faster blocks for "
-                 "sequences of {}+ tokens are left out)", long_sequence);
+    spdlog::info("attention as configured: memory.simulate_vram stands for a GPU (this CPU's faster blocks from "
+                 "{0}x{0} scores per head are left out)", long_sequence);
   } else if (device_.is_cpu() && models::cpu_blocks_long_sequences()) {
-    spdlog::info("attention on this CPU: sequences of {}+ tokens in blocks of at most {} query rows (faster than "
-                 "the plain path here)", long_sequence, models::kCpuQueryBlock);
+    spdlog::info("attention on this CPU: from {0}x{0} scores per head (queries x keys) in blocks of at most {1} "
+                 "query rows (faster than the plain path here)", long_sequence, models::kCpuQueryBlock);
   }
   model_options_.dtype = dtype_;
 }
