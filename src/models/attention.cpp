@@ -57,7 +57,9 @@ Head head_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
 // Forward and backward call it with the same arguments, so backward sees exactly the
 // probabilities forward used.
 at::Tensor block_probs(const Head& h, int64_t start, int64_t len, const BlockSetup& s) {
-  at::Tensor scores = at::mm(h.q.narrow(0, start, len), h.k.t()).mul_(s.scale);  // [len, Lk]
+  // The scale on the query rows ([len, D]) rather than on the scores ([len, Lk]), as in attend():
+  // one pass over D columns instead of Lk.
+  at::Tensor scores = at::mm(h.q.narrow(0, start, len) * s.scale, h.k.t());  // [len, Lk]
   if (h.mask.defined()) scores.add_(h.mask.size(0) == 1 ? h.mask : h.mask.narrow(0, start, len));
   if (s.causal) {
     const int64_t lk = h.k.size(0);
