@@ -98,16 +98,19 @@ class SingleThreadedBlas {
   int previous_ = 1;
 };
 
+// Each thread takes the next head as it finishes one (not a fixed half of them): on a machine
+// shared with other work one thread may be descheduled, and the other takes over its heads.
 template <typename Fn>
 void for_each_head(int64_t n, const Fn& fn) {
 #ifdef _OPENMP
   SingleThreadedBlas blas;
 #endif
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     // Autograd's thread-local state does not follow into LibTorch's worker threads: without this
     // the block products would be recorded (and refuse their out= arguments) there.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (int64_t i = begin; i < end; ++i) fn(i);
+    for (int64_t i = next++; i < n; i = next++) fn(i);
   });
 }
 
