@@ -22,7 +22,8 @@ void add_report_command(CLI::App& app, Action& chosen);
 // for the next matrix product (measured: 1.75 vs 1.51 s/step on a 2-core tiny run, and most of
 // the profile in libgomp's spin loop). Unless the user set a policy, sets PASSIVE (and a short
 // OpenBLAS idle poll, unless set) and re-executes this binary with the same arguments; returns
-// only when nothing was restarted.
+// only when nothing was restarted. On an AVX-512 CPU it first asks LibTorch for its AVX-512
+// kernels (ATEN_CPU_CAPABILITY, unless set).
 void passive_openmp_or_restart(char** argv);
 
 // One line per fact: project version, LibTorch version, CUDA available, device names.

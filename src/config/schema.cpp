@@ -729,8 +729,9 @@ const Table<MemoryConfig>& memory_table() {
     t.push_back(field("attention_chunk", &S::attention_chunk,
                       "Compute attention this many query rows at a time (less memory for long sequences, e.g. "
                       "video); 0 = all at once. Exact: the results do not change beyond float rounding. The OOM guard sets it first. "
-                      "On a CPU with AVX-512, sequences of 2048+ tokens run in blocks of at most 128 rows whatever "
-                      "this says: faster there as well as lighter.")
+                      "On a CPU with AVX-512, attention over 256+ tokens (1024+ in bf16) runs in blocks of at most "
+                      "128 rows whatever this says: faster there as well as lighter; not under simulate_vram, "
+                      "which stands for a GPU.")
                     .min(0)
                     .ours()
                     .lever());

@@ -57,7 +57,9 @@ Head head_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
 // Forward and backward call it with the same arguments, so backward sees exactly the
 // probabilities forward used.
 at::Tensor block_probs(const Head& h, int64_t start, int64_t len, const BlockSetup& s) {
-  at::Tensor scores = at::mm(h.q.narrow(0, start, len), h.k.t()).mul_(s.scale);  // [len, Lk]
+  // The scale on the query rows ([len, D]) rather than on the scores ([len, Lk]), as in attend():
+  // one pass over D columns instead of Lk.
+  at::Tensor scores = at::mm(h.q.narrow(0, start, len) * s.scale, h.k.t());  // [len, Lk]
   if (h.mask.defined()) scores.add_(h.mask.size(0) == 1 ? h.mask : h.mask.narrow(0, start, len));
   if (s.causal) {
     const int64_t lk = h.k.size(0);
@@ -96,16 +98,19 @@ class SingleThreadedBlas {
   int previous_ = 1;
 };
 
+// Each thread takes the next head as it finishes one (not a fixed half of them): on a machine
+// shared with other work one thread may be descheduled, and the other takes over its heads.
 template <typename Fn>
 void for_each_head(int64_t n, const Fn& fn) {
 #ifdef _OPENMP
   SingleThreadedBlas blas;
 #endif
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     // Autograd's thread-local state does not follow into LibTorch's worker threads: without this
     // the block products would be recorded (and refuse their out= arguments) there.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (int64_t i = begin; i < end; ++i) fn(i);
+    for (int64_t i = next++; i < n; i = next++) fn(i);
   });
 }
 
@@ -194,7 +199,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // q, k, v: [B, H, L, D] -> [B * H, L, D]; scores in fp32 when upcast.
   const int64_t b = q.size(0), heads = q.size(1), lk = k.size(-2), d = q.size(-1), dv = v.size(-1);
   const at::ScalarType score_dtype = options.upcast ? at::kFloat : q.scalar_type();
-  const int64_t chunk = query_block_rows(lq, options.query_chunk, q.device().is_cpu());
+  const int64_t chunk = query_block_rows(lq, lk, options.query_chunk, q.device().is_cpu() && options.cpu_speed_rule,
+                                         static_cast<int64_t>(c10::elementSize(score_dtype)));
   if (chunk <= 0 || chunk >= lq) return attend(q, k, v, scale, mask, options.upcast, 0, options.causal);
   const at::Tensor q3 = q.to(score_dtype).reshape({b * heads, lq, d}).contiguous();
   const at::Tensor k3 = k.to(score_dtype).reshape({b * heads, lk, d}).contiguous();

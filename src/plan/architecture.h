@@ -64,11 +64,13 @@ struct Compute {
   int adapter_rank = 4;         // LoRA's rank-wide intermediates
   bool host = false;            // computing on the CPU: LibTorch's CPU kernels' own buffers count, long
                                 // sequences run blocked on some CPUs (models/attention_blocks.h)
+  bool simulated_device = false;  // a CPU run under memory.simulate_vram: attention as configured, as on a GPU
   bool mean_keeps_input = false;  // autograd's mean over a dimension keeps its input (LibTorch 1.13)
 
-  // Query rows per attention block over `query_rows` queries; 0 or >= query_rows: plain attention.
+  // Query rows per attention block over `query_rows` queries (and as many keys: self-attention);
+  // 0 or >= query_rows: plain attention.
   int64_t query_block(int64_t query_rows) const {
-    return models::query_block_rows(query_rows, attention_chunk, host);
+    return models::query_block_rows(query_rows, query_rows, attention_chunk, host && !simulated_device, bytes);
   }
 };
 

@@ -110,6 +110,7 @@ class SettingsPlanner final : public Planner {
   bool has_prompts_ = false;
   int64_t captions_ = 0;  // what the text cache holds: the dataset's captions and the previews' prompts
   bool on_cpu_ = false;
+  bool simulated_device_ = false;  // memory.simulate_vram on the CPU: the run stands for a GPU
   // The largest bucket (by area) of each resolution, from the dataset's image headers when its
   // folder is here: images are never upscaled, so small images make small buckets. Short batches
   // are padded with repeats (AI Toolkit), so every step is a full batch.
@@ -206,6 +207,7 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
   adapter_.lokr_factor = p.network.lokr_factor;
   adapter_.lokr_full_rank = p.network.lokr_full_rank;
   on_cpu_ = to_lower(p.device) == "cpu";
+  simulated_device_ = on_cpu_ && p.memory.simulate_vram.bytes > 0;
   compute_bytes_ = compute_bytes.value_or(compute_bytes_of(p.train.dtype, p.device));
   train_text_encoder_ = p.train.train_text_encoder;
   quantize_text_encoder_ = p.model.quantize_te.value_or(false);
@@ -236,6 +238,7 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   c.threads = std::max(1u, std::thread::hardware_concurrency());
   c.adapter_rank = adapter_.linear_rank;
   c.host = on_cpu_;
+  c.simulated_device = simulated_device_;
   c.mean_keeps_input = memory::compat::kMeanKeepsInput;
 
   const bool quantized = s.quantize != Quantize::none;

@@ -66,7 +66,10 @@ at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode
 
 void apply_compute_mode(torch::nn::Module& module, const ComputeMode& mode) {
   for (auto& m : module.modules(true)) {
-    if (auto* a = m->as<models::sd::AttentionImpl>()) a->options.query_chunk = mode.attention_chunk;
+    if (auto* a = m->as<models::sd::AttentionImpl>()) {
+      a->options.query_chunk = mode.attention_chunk;
+      a->options.cpu_speed_rule = !mode.simulated_device;
+    }
     if (auto* vae = m->as<models::sd::AutoencoderKLImpl>()) vae->use_tiling = mode.vae_tiling;
   }
 }

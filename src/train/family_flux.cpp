@@ -183,7 +183,7 @@ int64_t FluxModel::quantize_base(bool text_encoders, models::WeightQuantization 
 
 void FluxModel::set_compute_mode(const ComputeMode& mode) {
   options_.compute = mode;
-  transformer_->set_attention_query_chunk(mode.attention_chunk);
+  transformer_->set_attention_query_chunk(mode.attention_chunk, !mode.simulated_device);
 }
 
 void FluxModel::release(Encoder which) {

@@ -159,7 +159,7 @@ int64_t WanModel::quantize_base(bool text_encoders, models::WeightQuantization f
 
 void WanModel::set_compute_mode(const ComputeMode& mode) {
   options_.compute = mode;
-  transformer_->set_attention_query_chunk(mode.attention_chunk);
+  transformer_->set_attention_query_chunk(mode.attention_chunk, !mode.simulated_device);
 }
 
 void WanModel::release(Encoder which) {

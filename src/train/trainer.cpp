@@ -196,7 +196,9 @@ class Trainer {
   TextEmbedding text_on_device(const std::vector<std::string>& captions);
   bool trains_on_trigger_only() const;
   PhaseContext step_context(const data::Batch& batch) const;
-  ComputeMode compute_mode() const { return {settings_.attention_chunk, settings_.vae_tiling}; }
+  ComputeMode compute_mode() const {
+    return {settings_.attention_chunk, settings_.vae_tiling, device_.is_cpu() && p_->memory.simulate_vram.bytes > 0};
+  }
   uint64_t seed() const { return static_cast<uint64_t>(p_->training_seed.value_or(42)); }
   // Frames per loaded sample: the guard's num_frames for a video model, 0 (images) otherwise.
   int clip_frames() const { return model_ && model_->traits().is_video ? settings_.num_frames : 0; }
@@ -509,9 +511,13 @@ void Trainer::settle_cpu_dtype() {
       spdlog::info("train.dtype bf16 on the CPU: native bf16 path ({})", isa);
     }
   }
-  if (device_.is_cpu() && models::cpu_blocks_long_sequences()) {
-    spdlog::info("attention on this CPU: sequences of {}+ tokens in blocks of at most {} query rows (faster than "
-                 "the plain path here)", models::kCpuLongSequence, models::kCpuQueryBlock);
+  const int64_t long_sequence = models::cpu_long_sequence(static_cast<int64_t>(c10::elementSize(dtype_)));
+  if (device_.is_cpu() && models::cpu_blocks_long_sequences() && p_->memory.simulate_vram.bytes > 0) {
+    spdlog::info("attention as configured: memory.simulate_vram stands for a GPU (this CPU's faster blocks from "
+                 "{0}x{0} scores per head are left out)", long_sequence);
+  } else if (device_.is_cpu() && models::cpu_blocks_long_sequences()) {
+    spdlog::info("attention on this CPU: from {0}x{0} scores per head (queries x keys) in blocks of at most {1} "
+                 "query rows (faster than the plain path here)", long_sequence, models::kCpuQueryBlock);
   }
   model_options_.dtype = dtype_;
 }

@@ -194,10 +194,21 @@ CATCH_TEST_CASE("long sequences on the CPU: the default path computes softmax(q 
     CATCH_INFO("tensor " << i);
     CATCH_CHECK((expected[i] - actual[i]).abs().max().item<double>() <= 1e-5 * std::max(1.0, expected[i].abs().max().item<double>()));
   }
-  CATCH_CHECK(lt::models::query_block_rows(rows, 0, /*on_cpu=*/false) == 0);
-  CATCH_CHECK(lt::models::query_block_rows(rows - 1, 0, /*on_cpu=*/true) == 0);
-  CATCH_CHECK(lt::models::query_block_rows(rows, 4096, /*on_cpu=*/true) ==
-              (lt::models::cpu_blocks_long_sequences() ? lt::models::kCpuQueryBlock : 4096));
+  const bool blocks = lt::models::cpu_blocks_long_sequences();
+  CATCH_CHECK(lt::models::query_block_rows(rows, rows, 0, /*cpu_speed_rule=*/false, 4) == 0);
+  CATCH_CHECK(lt::models::query_block_rows(rows - 1, rows - 1, 0, /*cpu_speed_rule=*/true, 4) == 0);
+  CATCH_CHECK(lt::models::query_block_rows(rows, rows, 4096, /*cpu_speed_rule=*/true, 4) ==
+              (blocks ? lt::models::kCpuQueryBlock : 4096));
+  // bf16 scores: blocks only from kCpuLongSequence16 (slower than the plain path below it).
+  CATCH_CHECK(lt::models::query_block_rows(rows, rows, 0, /*cpu_speed_rule=*/true, 2) == 0);
+  CATCH_CHECK(lt::models::query_block_rows(lt::models::kCpuLongSequence16, lt::models::kCpuLongSequence16, 0, /*cpu_speed_rule=*/true, 2) ==
+              (blocks ? lt::models::kCpuQueryBlock : 0));
+  // Cross-attention to 77 text tokens: by the size of the score matrix (faster in blocks from 1024
+  // queries in fp32, slower at 256).
+  CATCH_CHECK(lt::models::query_block_rows(1024, 77, 0, /*cpu_speed_rule=*/true, 4) == (blocks ? lt::models::kCpuQueryBlock : 0));
+  CATCH_CHECK(lt::models::query_block_rows(rows, 77, 0, /*cpu_speed_rule=*/true, 4) == 0);
+  // A CPU run standing for a GPU (memory.simulate_vram) keeps the configured path.
+  CATCH_CHECK(lt::models::query_block_rows(4096, 4096, 1024, /*cpu_speed_rule=*/false, 4) == 1024);
 }
 
 CATCH_TEST_CASE("gradient checkpointing gives the same gradients for inputs, weights and adapters", "[unet][checkpointing]") {

@@ -11,6 +11,7 @@
 #include "loratrain/config/config.h"
 #include "loratrain/memory/classify.h"
 #include "loratrain/memory/ladder.h"
+#include "loratrain/models/attention_blocks.h"
 #include "loratrain/plan/plan.h"
 #include "test_paths.h"
 
@@ -170,6 +171,26 @@ CATCH_TEST_CASE("AI Toolkit's SD 1.5 and SDXL jobs are planned per phase in well
   // On the CPU each component is built in fp32 before it is converted: SD 1.5's UNet alone.
   const auto cpu = Planner::from_config(aitk("ui_sd15.yaml", {"device=cpu"}));
   CATCH_CHECK(cpu->predict(cpu->configured()).at(Phase::load).weights == 4 * 859'520'964LL);
+}
+
+CATCH_TEST_CASE("a CPU run under memory.simulate_vram is predicted with the configured attention, as on a GPU",
+                "[plan]") {
+  // fp32 SD 1.5 at 512 px without chunking: the 4096-token attention of the first level is plain
+  // on a GPU; a real CPU run on an AVX-512 CPU runs it in blocks (models/attention_blocks.h).
+  const std::vector<std::string> shape = {"device=cpu", "train.dtype=fp32", "datasets.0.resolution=[512]",
+                                          "train.gradient_checkpointing=false", "memory.attention_chunk=0"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), shape.begin(), shape.end());
+    return Planner::from_config(aitk("ui_sd15.yaml", more));
+  };
+  const auto cpu = with({}), simulated = with({"memory.simulate_vram=24GiB"});
+  const int64_t cpu_step = peak(cpu->predict(cpu->configured()), Phase::train_step);
+  const int64_t simulated_step = peak(simulated->predict(simulated->configured()), Phase::train_step);
+  if (lt::models::cpu_blocks_long_sequences()) {
+    CATCH_CHECK(simulated_step > cpu_step);
+  } else {
+    CATCH_CHECK(simulated_step == cpu_step);
+  }
 }
 
 CATCH_TEST_CASE("each memory lever lowers the phase it acts on", "[plan]") {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -15,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <ATen/Version.h>
 
 #include "test_support.h"
 
@@ -27,16 +30,32 @@ struct ChildOptions {
   std::optional<rlim_t> file_size_limit;  // RLIMIT_FSIZE in bytes (SIGXFSZ is ignored by lora-train)
 };
 
+// The kernel set LibTorch picked in this process, as ATEN_CPU_CAPABILITY names it ("avx2" from
+// at::show_config()'s "CPU capability usage: AVX2"); empty if it does not say.
+inline std::string this_process_cpu_capability() {
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage: ";
+  const size_t at = config.find(key);
+  if (at == std::string::npos) return "";
+  std::string name = config.substr(at + key.size(), config.find('\n', at) - at - key.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
 // Starts build/lora-train with `args`; stdout and stderr go to `output`. Returns the child's pid.
+// The child runs LibTorch's kernels of this process (lora-train run would ask for the AVX-512 ones
+// where it may): runs compared bit for bit need the same kernels, as they need the same threads.
 inline pid_t start_lora_train(const std::vector<std::string>& args, const std::filesystem::path& output,
                               const ChildOptions& options = {}) {
   const std::string binary = (binary_dir() / "lora-train").string();
+  const std::string capability = this_process_cpu_capability();
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     ::setenv("LT_NUM_THREADS", std::to_string(options.num_threads).c_str(), 1);
+    if (!capability.empty()) ::setenv("ATEN_CPU_CAPABILITY", capability.c_str(), 1);
     if (options.file_size_limit) {
       const rlimit limit{*options.file_size_limit, *options.file_size_limit};
       ::setrlimit(RLIMIT_FSIZE, &limit);

@@ -455,8 +455,8 @@ CATCH_TEST_CASE("Flux under a simulated VRAM budget: buckets [256, 384, 512] at 
     more.insert(more.begin(), conservative.begin(), conservative.end());
     return more;
   };
-  CATCH_REQUIRE(runs.run("only512", 4, "", previews(512, 4), with({"datasets.0.resolution=[512]"})).exit_code == 0);
-  CATCH_REQUIRE(runs.run("without512", 8, "", previews(256, 8), with({"datasets.0.resolution=[256, 384]"})).exit_code == 0);
+  CATCH_REQUIRE(runs.run("only512", 4, lt::test::kCalibrationMemory, previews(512, 4), with({"datasets.0.resolution=[512]"})).exit_code == 0);
+  CATCH_REQUIRE(runs.run("without512", 8, lt::test::kCalibrationMemory, previews(256, 8), with({"datasets.0.resolution=[256, 384]"})).exit_code == 0);
   const auto only512 = runs.report("only512"), without512 = runs.report("without512");
   const auto peaks512 = runs.step_peaks("only512");
   CATCH_REQUIRE(peaks512.size() == 4);
@@ -595,9 +595,9 @@ CATCH_TEST_CASE("Flux under a simulated VRAM budget that no step fits with the t
   // Calibration with the settings the two rungs leave, one epoch each (every bucket): low_vram alone
   // (none of its steps may fit), and low_vram with the guard's int8 base (everything must fit).
   const int steps = 4;
-  CATCH_REQUIRE(runs.run("latents", 1, "", {}).exit_code == 0);
-  CATCH_REQUIRE(runs.run("low_vram", steps, "", {"model.low_vram=true"}).exit_code == 0);
-  CATCH_REQUIRE(runs.run("low_vram_int8", steps, "", {"model.low_vram=true", "model.quantize=true", "model.qtype=qint8",
+  CATCH_REQUIRE(runs.run("latents", 1, lt::test::kCalibrationMemory, {}).exit_code == 0);
+  CATCH_REQUIRE(runs.run("low_vram", steps, lt::test::kCalibrationMemory, {"model.low_vram=true"}).exit_code == 0);
+  CATCH_REQUIRE(runs.run("low_vram_int8", steps, lt::test::kCalibrationMemory, {"model.low_vram=true", "model.quantize=true", "model.qtype=qint8",
                                                  "model.quantize_te=false"}).exit_code == 0);
   const auto low_vram = runs.report("low_vram"), quantized = runs.report("low_vram_int8");
   int64_t floor_peak = 0;

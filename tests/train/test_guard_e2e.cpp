@@ -41,7 +41,7 @@ int64_t phase_peak(const nlohmann::json& report, const std::string& phase) {
 // One step of the given shape with the guard on but an unlimited budget: its per-phase peaks.
 nlohmann::json measure(const std::filesystem::path& root, const std::string& name, std::vector<std::string> overrides) {
   lt::train::RunRequest request;
-  request.config_path = lt::test::write_tiny_config(root, name, 1);
+  request.config_path = lt::test::write_tiny_config(root, name, 1, "", lt::test::kCalibrationMemory);
   request.overrides = std::move(overrides);
   auto result = lt::train::run_training(request);
   if (result.exit_code != 0) throw std::runtime_error("calibration run failed");
@@ -291,7 +291,7 @@ CATCH_TEST_CASE("OOM only while sampling: tiled decode, previews at their config
                                                   "memory.attention_chunk=1024"};
   auto calibrate = [&](const std::string& name, bool tiled) {
     lt::train::RunRequest request;
-    request.config_path = lt::test::write_tiny_config(root / name, name, 2, "", "", previews);
+    request.config_path = lt::test::write_tiny_config(root / name, name, 2, "", lt::test::kCalibrationMemory, previews);
     request.overrides = with_sampling;
     request.overrides.push_back(std::string("memory.vae_tiling=") + (tiled ? "true" : "false"));
     CATCH_REQUIRE(lt::train::run_training(request).exit_code == 0);
@@ -335,7 +335,7 @@ CATCH_TEST_CASE("OOM only while sampling: tiled decode, previews at their config
   CATCH_CHECK(previews_made >= 3);
 
   lt::train::RunRequest quiet;
-  quiet.config_path = lt::test::write_tiny_config(root / "quiet", "sampling", 6, "", "", previews);
+  quiet.config_path = lt::test::write_tiny_config(root / "quiet", "sampling", 6, "", lt::test::kCalibrationMemory, previews);
   auto reference = lt::train::run_training(quiet);  // disable_sampling: true (the fixture's default)
   CATCH_REQUIRE(reference.exit_code == 0);
   CATCH_CHECK(result.losses == reference.losses);
@@ -358,9 +358,9 @@ CATCH_TEST_CASE("OOM while caching latents: the VAE alone on the device, the UNe
     request.overrides.insert(request.overrides.end(), extra.begin(), extra.end());
     return lt::train::run_training(request);
   };
-  auto clean = run("clean", "");
+  auto clean = run("clean", lt::test::kCalibrationMemory);
   CATCH_REQUIRE(clean.exit_code == 0);
-  CATCH_REQUIRE(run("lowvram", "", {"model.low_vram=true"}).exit_code == 0);
+  CATCH_REQUIRE(run("lowvram", lt::test::kCalibrationMemory, {"model.low_vram=true"}).exit_code == 0);
   const auto full = read_json(root / "clean" / "cache" / "report.json");
   const auto low = read_json(root / "lowvram" / "cache" / "report.json");
   int64_t others = 0;

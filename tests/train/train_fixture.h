@@ -12,6 +12,11 @@
 
 namespace lt::test {
 
+// The memory settings of a guard test's calibration runs: they stand for the same GPU as the
+// guarded run (memory.simulate_vram, so that attention takes the configured path there too, not
+// the CPU's faster blocks: models/attention_blocks.h), with a budget no step comes near.
+inline constexpr const char* kCalibrationMemory = "        simulate_vram: 64GiB\n";
+
 // One scratch folder per test program: ctest runs several of them at once, and each makes its
 // assets on first use (scratch_dir empties the folder first).
 inline std::string per_program(const std::string& name) { return name + "_" + program_invocation_short_name; }

@@ -13,6 +13,10 @@ struct AttentionOptions {
   bool causal = false;            // mask keys after the query position (CLIP text encoder)
   bool upcast = false;            // compute scores and softmax in fp32 (diffusers upcast_attention)
   std::optional<double> scale;    // default 1/sqrt(head_dim)
+  // Whether CPU tensors may follow the CPU's speed rule (attention_blocks.h: long sequences blocked
+  // whatever query_chunk says). Off where a CPU run stands for a GPU (memory.simulate_vram): there
+  // attention takes the configured path, as on the GPU, so it runs out of memory where the GPU would.
+  bool cpu_speed_rule = true;
 };
 
 // q: [B, H, Lq, D], k and v: [B, H, Lk, D], mask (optional, additive, broadcastable to

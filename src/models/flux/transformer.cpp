@@ -255,9 +255,12 @@ FluxTransformer2DModelImpl::FluxTransformer2DModelImpl(const FluxConfig& c) : co
   proj_out = register_module("proj_out", Linear(dim, config.patch_size * config.patch_size * config.output_channels()));
 }
 
-void FluxTransformer2DModelImpl::set_attention_query_chunk(int64_t rows) {
+void FluxTransformer2DModelImpl::set_attention_query_chunk(int64_t rows, bool cpu_speed_rule) {
   for (auto& m : modules(false)) {
-    if (auto* a = m->as<FluxAttentionImpl>()) a->options.query_chunk = rows;
+    if (auto* a = m->as<FluxAttentionImpl>()) {
+      a->options.query_chunk = rows;
+      a->options.cpu_speed_rule = cpu_speed_rule;
+    }
   }
 }
 

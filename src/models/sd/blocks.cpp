@@ -135,6 +135,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& hidden, const at::Tensor& en
   lt::models::AttentionOptions attn;
   attn.query_chunk = options.query_chunk < 0 ? default_query_chunk() : options.query_chunk;
   attn.upcast = options.upcast_attention;
+  attn.cpu_speed_rule = options.cpu_speed_rule;
   at::Tensor out = lt::models::attention(q, k, v, attn);           // [B, heads, L, dh]
   out = out.transpose(1, 2).reshape({b, -1, heads * dh}).to(q.scalar_type());  // [B, L, inner]
   out = to_out_dropout(to_out_proj(out));                          // [B, L, query_dim]

@@ -232,9 +232,12 @@ WanTransformer3DModelImpl::WanTransformer3DModelImpl(const WanTransformerConfig&
   scale_shift_table = register_parameter("scale_shift_table", torch::randn({1, 2, dim}) / std::sqrt(static_cast<double>(dim)));
 }
 
-void WanTransformer3DModelImpl::set_attention_query_chunk(int64_t rows) {
+void WanTransformer3DModelImpl::set_attention_query_chunk(int64_t rows, bool cpu_speed_rule) {
   for (auto& m : modules(false)) {
-    if (auto* a = m->as<WanAttentionImpl>()) a->options.query_chunk = rows;
+    if (auto* a = m->as<WanAttentionImpl>()) {
+      a->options.query_chunk = rows;
+      a->options.cpu_speed_rule = cpu_speed_rule;
+    }
   }
 }
 

@@ -181,7 +181,9 @@ class FluxTransformer2DModelImpl : public torch::nn::Module {
   // -> [B, L, output_channels], in the weights' dtype.
   at::Tensor forward(const FluxInputs& in);
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
-  void set_attention_query_chunk(int64_t rows);
+  // Query rows per attention chunk (0: plain) and whether the CPU's speed rule may override that
+  // (AttentionOptions::cpu_speed_rule).
+  void set_attention_query_chunk(int64_t rows, bool cpu_speed_rule = true);
   // AI Toolkit's bypass_guidance_embedding: the guidance embedder is left out of temb (training).
   void set_bypass_guidance(bool bypass) { bypass_guidance_ = bypass; }
 

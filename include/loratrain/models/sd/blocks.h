@@ -102,6 +102,7 @@ struct AttentionModuleOptions {
   // Rows of queries per chunk for the memory-efficient path; -1 = lt::models::default_query_chunk()
   // at call time, 0 = plain attention.
   int64_t query_chunk = -1;
+  bool cpu_speed_rule = true;  // lt::models::AttentionOptions::cpu_speed_rule
 };
 
 // Mirrors diffusers `Attention` with AttnProcessor2_0 (to_q, to_k, to_v, to_out.0, optional

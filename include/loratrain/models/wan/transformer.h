@@ -153,7 +153,9 @@ class WanTransformer3DModelImpl : public torch::nn::Module {
   // pad them) -> [B, out_channels, F, H, W] in the weights' dtype.
   at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& timestep, const at::Tensor& encoder_hidden_states);
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
-  void set_attention_query_chunk(int64_t rows);
+  // Query rows per attention chunk (0: plain) and whether the CPU's speed rule may override that
+  // (AttentionOptions::cpu_speed_rule).
+  void set_attention_query_chunk(int64_t rows, bool cpu_speed_rule = true);
 
   WanTransformerConfig config;
   PatchConv3d patch_embedding{nullptr};
