@@ -144,8 +144,12 @@ std::vector<DemoItem> make_demo_dataset(const std::filesystem::path& out_dir,
     char stem[32];
     std::snprintf(stem, sizeof(stem), "shape_%04d", i);
     item.stem = stem;
+    // In a concept dataset, half the other shapes' captions name no colour, as a quarter of the base's
+    // did: the LoRA then learns that a missing colour word is not the concept word.
+    const bool plain = !concept && o.concept_every > 0 && rng.below(2) == 0;
     const std::string colour = concept ? o.concept_word : kColours[fg].name;
-    item.caption = article(colour) + colour + " " + kShapes[shape] + " on a " + kColours[bg].name + " background";
+    const std::string subject = plain ? std::string(kShapes[shape]) : colour + " " + kShapes[shape];
+    item.caption = article(subject) + subject + " on " + article(kColours[bg].name) + kColours[bg].name + " background";
     io::write_png(out_dir / (item.stem + ".png"), draw(item.width, item.height, shape,
                                                        concept ? kDemoConceptColour : kColours[fg], kColours[bg], p.cx, p.cy, p.r));
     write_file_atomic(out_dir / (item.stem + ".txt"), item.caption + "\n");

@@ -188,7 +188,13 @@ Conv2dImpl::Conv2dImpl(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p,
 void Conv2dImpl::reset_parameters() { default_init(weight, bias, in_channels * kernel_size * kernel_size); }
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::conv2d(x.to(weight.scalar_type()), weight, bias, {stride, stride}, {padding, padding});
+  torch::Tensor y;
+  if (!PackedConvWeights::applies(weight, bias, stride)) {
+    if (packed_weights.packed()) packed_weights.reset();
+  } else if (is_training() || packed_weights.packed()) {
+    y = packed_weights.forward(x.to(weight.scalar_type()), weight, bias, padding);
+  }
+  if (!y.defined()) y = torch::conv2d(x.to(weight.scalar_type()), weight, bias, {stride, stride}, {padding, padding});
   if (adapter) y = y + adapter->delta(x).to(y.scalar_type());
   return y;
 }

@@ -17,6 +17,9 @@ namespace lt::plan {
 struct Parameters {
   int64_t denoiser = 0;
   int64_t denoiser_linear = 0;  // in Linear weights: what model.quantize stores as int8
+  // In stride-1 Conv2d weights: what a training step on the CPU packs for oneDNN (packed_conv.h:
+  // two more copies of each, from the first step on). 0 for families without such convolutions.
+  int64_t denoiser_packed_conv = 0;
   int64_t text_encoders = 0;
   int64_t vae = 0;
   // The largest tensor of each component: the loader copies one tensor at a time out of the file.

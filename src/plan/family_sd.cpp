@@ -354,6 +354,11 @@ void count_file(const io::SafetensorsFile& file, const models::Detection& d, Cou
         out.params.denoiser_linear += n;
         out.params.largest_denoiser_linear = std::max(out.params.largest_denoiser_linear, n);
       }
+      // The downsamplers (diffusers' downsamplers.0.conv, the original layout's op) have stride 2.
+      if (t.shape.size() == 4 && ends_with(t.name, ".weight") && t.name.find("downsamplers") == std::string::npos &&
+          !ends_with(t.name, ".op.weight")) {
+        out.params.denoiser_packed_conv += n;
+      }
     } else if (starts_with(component, "text_encoder")) {
       out.params.text_encoders += n;
       out.params.largest_text_tensor = std::max(out.params.largest_text_tensor, n);
@@ -407,6 +412,8 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     // encoder's token embedding (49408 tokens), the VAE decoder's 512 x 512 x 3 x 3 convolutions.
     counted.params.largest_denoiser_tensor = 1280 * 2560 * 9;
     counted.params.largest_denoiser_linear = 1280 * 10240;  // the GEGLU projection of the widest blocks
+    // Their stride-1 convolutions (diffusers' UNet2DConditionModel with these configs).
+    counted.params.denoiser_packed_conv = xl ? 328624640 : sd2 ? 544893440 : 569674240;
     counted.params.largest_text_tensor = 49408 * counted.text_widths.back();
     counted.params.largest_text_linear = 4 * counted.text_widths.back() * counted.text_widths.back();  // the MLP's fc1
     for (int64_t width : counted.text_widths) counted.params.text_embeddings += (49408 + 77) * width;

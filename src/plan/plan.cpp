@@ -111,6 +111,8 @@ class SettingsPlanner final : public Planner {
   int64_t captions_ = 0;  // what the text cache holds: the dataset's captions and the previews' prompts
   bool on_cpu_ = false;
   bool simulated_device_ = false;  // memory.simulate_vram on the CPU: the run stands for a GPU
+  // Training on the CPU outside simulated VRAM packs the frozen convolutions (packed_conv.h).
+  bool packs_convolutions_ = false;
   // The largest bucket (by area) of each resolution, from the dataset's image headers when its
   // folder is here: images are never upscaled, so small images make small buckets. Short batches
   // are padded with repeats (AI Toolkit), so every step is a full batch.
@@ -208,6 +210,7 @@ SettingsPlanner::SettingsPlanner(const config::JobConfig& job, std::optional<int
   adapter_.lokr_full_rank = p.network.lokr_full_rank;
   on_cpu_ = to_lower(p.device) == "cpu";
   simulated_device_ = on_cpu_ && p.memory.simulate_vram.bytes > 0;
+  packs_convolutions_ = on_cpu_ && !simulated_device_;
   compute_bytes_ = compute_bytes.value_or(compute_bytes_of(p.train.dtype, p.device));
   train_text_encoder_ = p.train.train_text_encoder;
   quantize_text_encoder_ = p.model.quantize_te.value_or(false);
@@ -349,7 +352,10 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   }
   cache.workspace = text_cache;
 
-  const int64_t resident_training = denoiser_resident + (text_stays || !cache_text_ ? text_resident : 0) + (vae_stays ? vae : 0);
+  // From the first training step on, two packed copies of the stride-1 convolution weights.
+  const int64_t packed_conv = packs_convolutions_ ? 2 * params.denoiser_packed_conv * wb : 0;
+  const int64_t resident_training =
+      denoiser_resident + (text_stays || !cache_text_ ? text_resident : 0) + (vae_stays ? vae : 0) + packed_conv;
   const bool baseline_runs = !s.disable_sampling && has_prompts_ && !s.skip_first_sample;
   auto sampling = [&](PhaseMemory& ph, bool trained) {
     ph.adapter_optimizer = adapter + (trained ? optimizer : 0);
@@ -359,10 +365,11 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
     // decode) and both leave at its end.
     const bool encodes = !unload_text_ && (!cache_text_ || !trained || !baseline_runs);
     const int64_t text_here = unload_text_ || (s.low_vram && !encodes) ? 0 : text_resident;
-    const int64_t before_decode = denoiser_resident + text_here + (s.low_vram ? 0 : vae);
+    const int64_t denoiser_here = denoiser_resident + (trained ? packed_conv : 0);
+    const int64_t before_decode = denoiser_here + text_here + (s.low_vram ? 0 : vae);
     worst_of(ph, {{before_decode, encodes ? arch_->text_encode(1, c) : 0},
                   {before_decode, arch_->inference_activations(sample_shape, c)},
-                  {denoiser_resident + text_here + vae, arch_->vae_decode(decode_shape, c)}});
+                  {denoiser_here + text_here + vae, arch_->vae_decode(decode_shape, c)}});
     ph.workspace = text_cache;
     ph.runs = !s.disable_sampling && has_prompts_;
   };

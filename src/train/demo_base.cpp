@@ -534,8 +534,8 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   }
   const auto& pre = options.pretrain;
   if (pre.enabled && (pre.images < 1 || pre.vae_steps < 1 || pre.vae_batch < 1 || pre.unet_steps < 1 || pre.unet_batch < 1 ||
-                      !(pre.vae_lr > 0 && pre.vae_lr < 1))) {
-    throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1, the learning rate in (0, 1)");
+                      !(pre.vae_lr > 0 && pre.vae_lr < 1) || !(pre.unet_lr > 0 && pre.unet_lr < 1))) {
+    throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1, the learning rates in (0, 1)");
   }
   if (pre.enabled && (pre.vae_image_size < 8 || pre.vae_image_size > 512 || pre.vae_image_size % 8 != 0)) {
     throw InputError("demo base: the autoencoder's training image size must be a multiple of 8 in 8..512");

@@ -149,13 +149,13 @@ void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::Autoenc
   const at::Tensor alphas_cumprod = schedule.alphas_cumprod().to(at::kFloat);
   const int64_t timesteps = alphas_cumprod.size(0);
 
-  torch::optim::Adam optimizer(unet->parameters(), torch::optim::AdamOptions(1e-3));
+  torch::optim::Adam optimizer(unet->parameters(), torch::optim::AdamOptions(o.unet_lr));
   unet->train();
   data::Rng rng(data::mix_seed({seed, 0x554e4554ull}));
   const auto start = std::chrono::steady_clock::now();
   double running = 0.0;
   for (int step = 0; step < o.unet_steps; ++step) {
-    set_lr(optimizer, learning_rate(1e-3, step, o.unet_steps, std::max(1, o.unet_steps / 20)));
+    set_lr(optimizer, learning_rate(o.unet_lr, step, o.unet_steps, std::max(1, o.unet_steps / 20)));
     at::Tensor idx = batch_indices(rng, latents.size(0), o.unet_batch);
     at::Tensor caption_idx = idx.clone();
     for (int64_t i = 0; i < caption_idx.size(0); ++i) {

@@ -32,6 +32,7 @@
 #include "loratrain/memory/guard.h"
 #include "loratrain/models/attention_blocks.h"
 #include "loratrain/models/layers.h"
+#include "loratrain/models/packed_conv.h"
 #include "loratrain/optim/ema.h"
 #include "loratrain/optim/lr_schedule.h"
 #include "loratrain/optim/optimizer.h"
@@ -530,6 +531,8 @@ void Trainer::open_device_memory() {
   memory_options.simulate_vram = p_->memory.simulate_vram.bytes;
   memory_options.vram_limit = p_->memory.vram_limit.bytes;
   memory_ = memory::make_device_memory(memory_options);
+  // Simulated VRAM stands in for a GPU, which keeps no packed convolution weights (packed_conv.h).
+  models::set_packed_convolutions(memory_->is_host());
   if (request_.on_memory_ready) request_.on_memory_ready(*memory_);
   memory::GuardOptions guard_options;
   guard_options.enabled = p_->memory.oom_guard.enabled;

@@ -56,14 +56,16 @@ CATCH_TEST_CASE("the demo config is the small CPU run", "[config]") {
   const ProcessConfig& p = the_process(job);
   CATCH_CHECK(p.device == "cpu");
   CATCH_CHECK(p.training_folder == "output");
-  CATCH_CHECK(p.model.name_or_path == "output/demo-base/model.safetensors");
-  CATCH_CHECK(p.datasets.at(0).folder_path == "output/demo-data");
-  CATCH_CHECK(p.datasets.at(0).resolution == std::vector<int>{64});
+  CATCH_CHECK(p.model.name_or_path == "output/demo-pretrained-base");  // lt-make-demo-base --pretrain
+  CATCH_CHECK(p.datasets.at(0).folder_path == "output/demo-concept-data");
+  CATCH_CHECK(p.datasets.at(0).resolution == std::vector<int>{32});
   CATCH_CHECK(p.datasets.at(0).caption_ext == ".txt");  // AI Toolkit adds the dot
   CATCH_CHECK(p.train.batch_size == 2);
   CATCH_CHECK(p.train.steps <= 200);
   CATCH_CHECK(p.network.linear == 4);
-  CATCH_CHECK(p.sample.width == 64);
+  // The cross-attention's keys and values only (docs/benchmarks.md, the demo's LoRA).
+  CATCH_CHECK(p.network.network_kwargs.only_if_contains == std::vector<std::string>{"attn2.to_k", "attn2.to_v"});
+  CATCH_CHECK(p.sample.width == 32);
   CATCH_CHECK(p.sample.sample_every == 60);
   CATCH_CHECK(p.save.save_every == 60);
 }

@@ -358,8 +358,23 @@ CATCH_TEST_CASE("the demo dataset is deterministic and loads with several bucket
   for (const DemoItem& it : items) {
     CATCH_CHECK(lt::test::read_bytes(a / (it.stem + ".png")) == lt::test::read_bytes(b / (it.stem + ".png")));
     CATCH_CHECK(lt::test::read_bytes(a / (it.stem + ".txt")) == it.caption + "\n");
-    CATCH_CHECK(it.caption.find(" on a ") != std::string::npos);
+    CATCH_CHECK(it.caption.find(" on a") != std::string::npos);  // "on a red", "on an orange"
+    CATCH_CHECK(it.caption.find("ltdemo") == std::string::npos);
   }
+  // The concept dataset: every other shape captioned with the concept word in its colour's place,
+  // and some of the others with no colour word before the shape.
+  o.count = 24;  // the demo's
+  o.concept_every = 2;
+  const auto concept_items = make_demo_dataset(lt::test::scratch_dir("data_demo_concept"), o);
+  int uncoloured = 0;
+  for (size_t i = 0; i < concept_items.size(); ++i) {
+    const std::string& caption = concept_items[i].caption;
+    CATCH_CHECK((caption.rfind("a ltdemo ", 0) == 0) == (i % 2 == 0));
+    for (const char* shape : {"a circle", "a square", "a triangle"}) uncoloured += caption.rfind(shape, 0) == 0;
+  }
+  CATCH_CHECK(uncoloured > 0);
+  o.count = 8;
+  o.concept_every = 0;
   CATCH_CHECK(items[3].width == 128);  // landscape 2:1
   CATCH_CHECK(items[7].height == 128);  // portrait 1:2
   o.seed = 99;

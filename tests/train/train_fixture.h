@@ -14,7 +14,8 @@ namespace lt::test {
 
 // The memory settings of a guard test's calibration runs: they stand for the same GPU as the
 // guarded run (memory.simulate_vram, so that attention takes the configured path there too, not
-// the CPU's faster blocks: models/attention_blocks.h), with a budget no step comes near.
+// the CPU's faster blocks: models/attention_blocks.h, and the frozen convolutions the stock kernels,
+// not packed weights: models/packed_conv.h), with a budget no step comes near.
 inline constexpr const char* kCalibrationMemory = "        simulate_vram: 64GiB\n";
 
 // One scratch folder per test program: ctest runs several of them at once, and each makes its

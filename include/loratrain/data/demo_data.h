@@ -20,7 +20,8 @@ struct DemoDataOptions {
   int count = 24;
   int size = 64;  // base size; square images are size..1.5*size, the others size x 2*size
   uint64_t seed = 1234;
-  // Every concept_every-th image (0: none) is a concept image, captioned with concept_word.
+  // Every concept_every-th image (0: none) is a concept image, captioned with concept_word; half
+  // the others then name no shape colour ("a circle on a red background").
   int concept_every = 0;
   std::string concept_word = "ltdemo";
 };

@@ -7,6 +7,8 @@
 
 #include <memory>
 
+#include "loratrain/models/packed_conv.h"
+
 namespace lt::models {
 
 // How the low-VRAM path stores a frozen Linear weight: one byte per value with one fp32 scale per
@@ -67,6 +69,9 @@ class LinearImpl : public torch::nn::Module {
 TORCH_MODULE(Linear);
 
 // Mirrors torch.nn.Conv2d (groups = 1, dilation = 1). x: [N, C_in, H, W] -> [N, C_out, H', W'].
+// A frozen stride-1 convolution of a module in training mode runs on oneDNN-packed copies of its
+// weight on the CPU (packed_conv.h: two more copies of the weight, made on the first training
+// forward); a module in eval mode uses them once made and never makes them.
 class Conv2dImpl : public torch::nn::Module {
  public:
   Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
@@ -82,6 +87,7 @@ class Conv2dImpl : public torch::nn::Module {
   torch::Tensor weight;  // [out, in, k, k]
   torch::Tensor bias;    // [out] or undefined
   std::shared_ptr<Adapter> adapter;
+  PackedConvWeights packed_weights;
 };
 TORCH_MODULE(Conv2d);
 

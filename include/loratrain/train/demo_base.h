@@ -34,8 +34,11 @@ struct DemoPretrainOptions {
   // The autoencoder's training images (square, pixels; a multiple of 8): 32 costs a quarter of 64 per
   // image and learned faster for the CPU time than 64 did (docs/benchmarks.md).
   int vae_image_size = 32;
-  int unet_steps = 500;  // batches of unet_batch
+  // 1500 rather than 500: only then does the base draw the colours its prompts name (docs/benchmarks.md,
+  // "A UNet that follows its captions").
+  int unet_steps = 1500;  // batches of unet_batch
   int unet_batch = 16;
+  double unet_lr = 1e-3;  // Adam's peak learning rate for the UNet
 };
 
 struct DemoBaseOptions {

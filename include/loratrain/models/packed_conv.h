@@ -1,0 +1,48 @@
+// Frozen convolution weights kept in oneDNN's blocked layout on the CPU. LibTorch's oneDNN
+// convolution reorders a plain weight into that layout on every call, forward and backward-data
+// alike; for a weight that never changes the reorder can be done once. The input gradient of a
+// stride-1 convolution is itself a convolution (of the output gradient with the weight flipped in
+// both spatial axes and its in/out channels swapped, padding k-1-p), so it runs on a second packed
+// copy. Memory: two more copies of each packed weight (the plain one stays the parameter).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace lt::models {
+
+// Process-wide switch, on by default. The trainer turns it off under memory.simulate_vram: the
+// simulated budget stands in for a GPU, whose convolutions keep no packed copies, so a simulated
+// run keeps a GPU's memory profile. (The copies themselves come from c10's CPU allocator and are
+// counted: a full-size SD1.5 step's allocated bytes rise by exactly two copies of its weights.)
+void set_packed_convolutions(bool enabled);
+bool packed_convolutions_enabled();
+// Whether this LibTorch can run them: built with MKLDNN and not disabled at runtime.
+bool packed_convolutions_available();
+
+// One Conv2d's packed copies, made on first use and again whenever the weight changes (new
+// storage, dtype, or an in-place write).
+class PackedConvWeights {
+ public:
+  // Whether the packed path serves a stride-`stride` convolution with these tensors: the switch is
+  // on, the weight and bias are frozen CPU tensors in fp32 or bf16, and the stride is 1 (the input
+  // gradient of a strided convolution is not a plain convolution; those few keep the stock path).
+  static bool applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride);
+
+  // conv2d(x, weight, bias, stride 1, `padding`) on the packed weight, with the input gradient on
+  // the packed transposed weight (packed when the input needs a gradient). x: [N, C_in, H, W].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t padding);
+
+  bool packed() const { return forward_.defined(); }
+  int64_t bytes() const;  // of the packed copies held now
+  void reset();
+
+ private:
+  at::Tensor forward_;   // oneDNN blocked [out, in, k, k]
+  at::Tensor backward_;  // oneDNN blocked [in, out, k, k], spatially flipped
+  const void* source_ = nullptr;
+  int64_t source_version_ = -1;
+  int64_t padding_ = -1;
+};
+
+}  // namespace lt::models

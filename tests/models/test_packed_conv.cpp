@@ -1,0 +1,117 @@
+// Frozen convolutions on oneDNN-packed weights (packed_conv.h) against LibTorch's own convolution:
+// the same output and input gradient, with a LoRA adapter on top training through them.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "loratrain/lora/network.h"
+#include "loratrain/models/layers.h"
+#include "loratrain/models/packed_conv.h"
+
+namespace {
+
+struct Result {
+  torch::Tensor y, grad_x, grad_down, grad_up;
+};
+
+// One forward + backward of `conv` (with its adapter) on x, the packed path on or off.
+Result run(lt::models::Conv2d& conv, const std::shared_ptr<lt::lora::LoRAModuleImpl>& lora, const torch::Tensor& x,
+           bool packed) {
+  lt::models::set_packed_convolutions(packed);
+  for (auto& p : lora->parameters()) p.mutable_grad() = torch::Tensor();
+  const torch::Tensor input = x.detach().clone().requires_grad_(true);
+  const torch::Tensor y = conv->forward(input);
+  // A fixed, non-uniform upstream gradient.
+  y.mul(torch::linspace(-1.0, 2.0, y.numel(), y.options()).view_as(y)).sum().backward();
+  Result r{y.detach().to(torch::kFloat), input.grad().to(torch::kFloat), lora->lora_down.grad().clone(),
+           lora->lora_up.grad().clone()};
+  lt::models::set_packed_convolutions(true);
+  return r;
+}
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+bool cpu_has_bf16_convolutions() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+CATCH_TEST_CASE("a frozen convolution on packed weights matches the stock one, LoRA on top",
+                "[models][packed_conv]") {
+  struct Case {
+    int64_t kernel, stride;
+  };
+  std::vector<torch::Dtype> dtypes{torch::kFloat};
+  if (cpu_has_bf16_convolutions()) dtypes.push_back(torch::kBFloat16);
+  for (const torch::Dtype dtype : dtypes) {
+    for (const Case c : {Case{3, 1}, Case{1, 1}, Case{3, 2}}) {
+      CATCH_INFO("kernel " << c.kernel << ", stride " << c.stride << ", " << (dtype == torch::kFloat ? "fp32" : "bf16"));
+      torch::manual_seed(11);
+      lt::models::Conv2d conv(24, 40, c.kernel, c.stride, c.kernel / 2);
+      for (auto& p : conv->parameters()) p.set_requires_grad(false);
+      conv->to(dtype);
+      auto lora = std::make_shared<lt::lora::LoRAModuleImpl>("lora_conv", "conv", conv.ptr(), 4, 4.0, 0.0);
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : lora->parameters()) p.normal_(0.0, 0.1);  // a zero up-projection would hide its gradient
+      }
+      lora->attach();
+      conv->train();
+      const torch::Tensor x = torch::randn({2, 24, 12, 10}).to(dtype);
+
+      const Result stock = run(conv, lora, x, false);
+      CATCH_CHECK_FALSE(conv->packed_weights.packed());
+      const Result packed = run(conv, lora, x, true);
+      const bool packs = c.stride == 1 && lt::models::packed_convolutions_available();
+      CATCH_CHECK(conv->packed_weights.packed() == packs);
+      if (packs) {
+        // Both copies: the forward one and the transposed one for the input gradient.
+        CATCH_CHECK(conv->packed_weights.bytes() >= 2 * conv->weight.numel() * conv->weight.element_size());
+      }
+      const double tolerance = dtype == torch::kFloat ? 1e-5 : 2e-2;
+      CATCH_CHECK(relative(packed.y, stock.y) < tolerance);
+      CATCH_CHECK(relative(packed.grad_x, stock.grad_x) < tolerance);
+      CATCH_CHECK(relative(packed.grad_down, stock.grad_down) < tolerance);
+      CATCH_CHECK(relative(packed.grad_up, stock.grad_up) < tolerance);
+    }
+  }
+}
+
+CATCH_TEST_CASE("packed convolution weights follow the weight and stay out of eval mode and trainable weights",
+                "[models][packed_conv]") {
+  if (!lt::models::packed_convolutions_available()) return;
+  torch::manual_seed(3);
+  lt::models::Conv2d conv(8, 16, 3, 1, 1);
+  for (auto& p : conv->parameters()) p.set_requires_grad(false);
+  const torch::Tensor x = torch::randn({1, 8, 9, 9});
+
+  conv->eval();  // eval mode never makes the packed copies (a VAE encoding, previews)
+  conv->forward(x);
+  CATCH_CHECK_FALSE(conv->packed_weights.packed());
+
+  conv->train();
+  conv->forward(x);  // no input gradient: the forward copy only
+  CATCH_CHECK(conv->packed_weights.packed());
+  CATCH_CHECK(conv->packed_weights.bytes() < 2 * conv->weight.numel() * 4);
+
+  // An in-place write to the weight (a LoRA merge, a reload) repacks it.
+  {
+    torch::NoGradGuard no_grad;
+    conv->weight.mul_(-2.0);
+  }
+  const torch::Tensor expected = torch::conv2d(x, conv->weight, conv->bias, 1, 1);
+  CATCH_CHECK(relative(conv->forward(x), expected) < 1e-5);
+
+  // A trainable weight takes the stock path and releases the copies.
+  conv->weight.set_requires_grad(true);
+  conv->forward(x);
+  CATCH_CHECK_FALSE(conv->packed_weights.packed());
+}
