@@ -208,9 +208,10 @@ CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word a
                                                                 << trained.red_without);
   // Thresholds from the measured runs (2026-12-05, docs/benchmarks.md "A UNet that follows its
   // captions"): MSE 0.042; base red 0.74, cyan 0.000 with the word and 0.0005 without; LoRA cyan
-  // 0.168-0.201 with, 0.002-0.023 without, red 0.80-0.88. A LoRA on all default targets (cyan
-  // 0.014-0.057, 0.027-0.082 without the word) or data whose captions always name a colour (0.080
-  // without) fails them.
+  // 0.168-0.201 with, 0.002-0.023 without, red 0.80-0.88; the defaults end to end (a fresh
+  // pretraining, 07:55 UTC) 0.200 with, 0.041 without. A LoRA on all default targets (cyan
+  // 0.014-0.057, 0.027-0.082 without the word) or data whose captions always name a colour (0.164
+  // with, 0.080 without) fails them.
   CATCH_CHECK(mse < 0.06);  // each image's mean colour scores about 0.11
   // The base draws the colour a prompt names (the red background fills most of the picture) and
   // never the concept's.
@@ -220,7 +221,8 @@ CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word a
   // The LoRA: cyan with the trigger word (a shape covers about a quarter of the picture), not
   // without it, and the named colours kept.
   CATCH_CHECK(trained.concept_with > 0.1);
-  CATCH_CHECK(trained.concept_without < 0.04);
+  CATCH_CHECK(trained.concept_without < 0.06);
+  CATCH_CHECK(trained.concept_with > 3 * trained.concept_without);
   CATCH_CHECK(trained.red_without > 0.5);
   // Printed for docs/benchmarks.md.
   CATCH_WARN("pretraining " << pretrain_s << " s, demo run " << train_s << " s; VAE MSE " << mse << "; cyan with/without "
