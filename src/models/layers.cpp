@@ -194,7 +194,7 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& x) {
   } else if (is_training() && pointwise_conv_applies(weight, bias, stride, padding)) {
     if (packed_weights.packed()) packed_weights.reset();
     y = pointwise_conv(x.to(weight.scalar_type()), weight, bias);
-  } else if (is_training() || packed_weights.packed()) {
+  } else if (is_training()) {
     y = packed_weights.forward(x.to(weight.scalar_type()), weight, bias, padding);
   }
   if (!y.defined()) y = torch::conv2d(x.to(weight.scalar_type()), weight, bias, {stride, stride}, {padding, padding});

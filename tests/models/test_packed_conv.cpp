@@ -109,6 +109,12 @@ CATCH_TEST_CASE("packed convolution weights follow the weight and stay out of ev
   const torch::Tensor expected = torch::conv2d(x, conv->weight, conv->bias, 1, 1);
   CATCH_CHECK(relative(conv->forward(x), expected) < 1e-5);
 
+  // Eval mode keeps the copies but takes the stock path: previews draw what `sample` draws.
+  conv->eval();
+  CATCH_CHECK(torch::equal(conv->forward(x), expected));
+  CATCH_CHECK(conv->packed_weights.packed());
+  conv->train();
+
   // A trainable weight takes the stock path and releases the copies.
   conv->weight.set_requires_grad(true);
   conv->forward(x);

@@ -72,7 +72,9 @@ TORCH_MODULE(Linear);
 // On the CPU a frozen convolution of a module in training mode takes a faster path (packed_conv.h):
 // a 1x1 stride-1 unpadded one runs as a matrix product over the channels; another stride-1
 // one runs on oneDNN-packed copies of its weight (two more copies, made on the first training
-// forward), which a module in eval mode uses once made and never makes.
+// forward). Eval mode always takes the stock path and keeps the copies for the next training step:
+// the packed kernels round differently, and a preview must match `lora-train sample`'s image, which
+// never trains, bit for bit.
 class Conv2dImpl : public torch::nn::Module {
  public:
   Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
