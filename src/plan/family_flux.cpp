@@ -49,6 +49,8 @@ constexpr int64_t kClipTokens = 77;
 struct TextShapes {
   T5Shape t5;
   int64_t clip_width = 768;
+  int64_t clip_vocab = 49408;
+  int64_t clip_positions = 77;
 };
 
 class FluxArchitecture final : public Architecture {
@@ -63,8 +65,6 @@ class FluxArchitecture final : public Architecture {
   int64_t vae_decode(const Shape& s, const Compute& c) const override { return autoencoder_kl_decode(vae_, s, c); }
   int64_t text_encode(int64_t batch, const Compute& c) const override;
   int64_t text_embedding_elements() const override { return text_tokens() * config_.joint_attention_dim + text_.clip_width; }
-  // family_flux.cpp (train) keeps fp8 codes from the start under qfloat8.
-  bool quantizes_fp8_while_loading() const override { return true; }
 
  private:
   // T5's sequence: every max_length position, pads included (512 dev, 256 schnell).
@@ -195,7 +195,11 @@ void t5_shapes(const io::SafetensorsFile& file, const std::string& root, TextSha
 
 void clip_shapes(const io::SafetensorsFile& file, TextShapes& out) {
   for (const auto& t : file.tensors()) {
-    if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) out.clip_width = t.shape[1];
+    if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) {
+      out.clip_vocab = t.shape[0];
+      out.clip_width = t.shape[1];
+    }
+    if (ends_with(t.name, "position_embedding.weight") && t.shape.size() == 2) out.clip_positions = t.shape[0];
   }
 }
 
@@ -339,6 +343,8 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
     p.largest_vae_tensor = kVaeLargestTensor;
   }
   p.largest_text_linear = std::max(text.t5.ff * text.t5.width, 4 * text.clip_width * text.clip_width);
+  // quantize_te converts Linears only: the token (and CLIP's position) embeddings keep the dtype.
+  p.text_embeddings = text.t5.vocab * text.t5.width + (text.clip_vocab + text.clip_positions) * text.clip_width;
   return std::make_unique<FluxArchitecture>(std::move(config), std::move(vae), p, text);
 }
 

@@ -59,8 +59,6 @@ class WanArchitecture final : public Architecture {
     return t5_encode_bytes(text_, batch, kTextTokens, c.bytes);
   }
   int64_t text_embedding_elements() const override { return kTextTokens * config_.text_dim; }
-  // family_wan.cpp (train) keeps fp8 codes from the start under qfloat8, as Flux does.
-  bool quantizes_fp8_while_loading() const override { return true; }
   int latent_downscale() const override { return 8; }
   int bucket_divisibility() const override { return static_cast<int>(8 * config_.patch_size[1]); }
 
@@ -253,8 +251,8 @@ constexpr int64_t kUmt5Vocabulary = 256384;
 
 void umt5_from_shape(const T5Shape& t5, int64_t layers, Parameters& p) {
   const int64_t per_layer = 4 * t5.width * t5.width + 3 * t5.width * t5.ff + 2 * t5.width + 32 * t5.heads;
-  p.text_encoders = kUmt5Vocabulary * t5.width + layers * per_layer + t5.width;
-  p.largest_text_tensor = kUmt5Vocabulary * t5.width;
+  p.text_encoders = t5.vocab * t5.width + layers * per_layer + t5.width;
+  p.largest_text_tensor = t5.vocab * t5.width;
 }
 
 // The transformer's parameters from its config: what a header would list.
@@ -349,6 +347,7 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
   WanVaeConfig vae;
   Parameters p;
   T5Shape text;
+  text.vocab = kUmt5Vocabulary;
   std::optional<fs::path> text_path, vae_path;
   if (source.vae) vae_path = source.vae;
   if (source.checkpoint && fs::is_directory(*source.checkpoint)) {
@@ -392,6 +391,7 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
   if (p.text_encoders == 0) umt5_from_shape(text, 24, p);
   if (p.vae == 0) vae_from_config(vae, p);
   p.largest_text_linear = text.ff * text.width;  // a gated MLP projection
+  p.text_embeddings = text.vocab * text.width;    // quantize_te converts Linears only
   return std::make_unique<WanArchitecture>(std::move(config), std::move(vae), p, text);
 }
 
