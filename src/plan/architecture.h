@@ -49,6 +49,10 @@ struct AdapterShape {
   bool lokr_full_rank = false;
 };
 
+// One adapter module on a layer `in` -> `out` (kernel k x k) at `rank`: its weights as the adapter
+// type has them, and its alpha.
+int64_t adapter_module_parameters(const AdapterShape& adapter, int64_t in, int64_t out, int64_t kernel, int64_t rank);
+
 // One shape a phase computes at, in pixels; `batch` counts rows (classifier-free guidance's
 // doubled batch included by the caller).
 struct Shape {

@@ -26,7 +26,6 @@
 #include "architecture.h"
 #include "checkpoint_headers.h"
 #include "loratrain/io/safetensors.h"
-#include "loratrain/lora/network.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/text/t5_checkpoint.h"
@@ -86,14 +85,8 @@ Parameters WanArchitecture::parameters(const AdapterShape& adapter) const {
   p.adapter = 0;
   p.adapter_modules = 0;
   const int64_t r = adapter.linear_rank, d = config_.inner_dim(), f = config_.ffn_dim;
-  lora::NetworkConfig net;
-  net.type = adapter.type == "lokr" ? lora::AdapterType::LoKr
-             : adapter.type == "loha" ? lora::AdapterType::LoHa
-                                      : lora::AdapterType::LoRA;
-  net.lokr_factor = adapter.lokr_factor;
-  net.lokr_full_rank = adapter.lokr_full_rank;
   auto add = [&](int64_t in, int64_t out) {
-    p.adapter += lora::adapter_parameters(net, out, in, 1, r) + 1;  // the module's weights and its alpha
+    p.adapter += adapter_module_parameters(adapter, in, out, 1, r);
     p.adapter_modules += 1;
   };
   // ComponentSpec::wan_transformer: both attentions' to_q/k/v/out.0 and the FFN, in every block.

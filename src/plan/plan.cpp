@@ -15,12 +15,21 @@
 #include "loratrain/config/model_path.h"
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/lora/network.h"
 #include "loratrain/memory/compat.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
 namespace lt::plan {
+
+int64_t adapter_module_parameters(const AdapterShape& adapter, int64_t in, int64_t out, int64_t kernel, int64_t rank) {
+  lora::NetworkConfig net;
+  net.type = lora::adapter_type_from_name(adapter.type);
+  net.lokr_factor = adapter.lokr_factor;
+  net.lokr_full_rank = adapter.lokr_full_rank;
+  return lora::adapter_parameters(net, out, in, kernel, rank) + 1;
+}
 
 namespace fs = std::filesystem;
 using playbook::ModelFamily;

@@ -598,8 +598,7 @@ void Trainer::load_model() {
   p_->sample.sampler = sampler_for_model(model_->traits(), p_->sample.sampler);
 
   lora::NetworkConfig net;
-  const std::string& type = p_->network.type;
-  net.type = type == "lokr" ? lora::AdapterType::LoKr : (type == "loha" ? lora::AdapterType::LoHa : lora::AdapterType::LoRA);
+  net.type = lora::adapter_type_from_name(p_->network.type);
   net.lokr_factor = p_->network.lokr_factor;
   net.lokr_full_rank = p_->network.lokr_full_rank;
   net.linear = p_->network.linear;
