@@ -1,6 +1,7 @@
 #include "loratrain/models/attention.h"
 
 #include "loratrain/models/attention_blocks.h"
+#include "loratrain/models/checkpointing.h"
 
 #include <ATen/ATen.h>
 
@@ -137,14 +138,17 @@ at::Tensor blocked_forward(const at::Tensor& q, const at::Tensor& k, const at::T
 // that autograd through plain attention keeps (and no score matrix of a whole layer is ever
 // written, scaled and re-read).
 struct BlockedAttention : public torch::autograd::Function<BlockedAttention> {
+  // known: the output when it is already known (a checkpoint's recomputation hands back the one
+  // its forward computed from the same q, k, v), else null.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& mask, double scale, int64_t block, int64_t heads,
-                            bool causal) {
+                            bool causal, const at::Tensor* known) {
     ctx->save_for_backward({q, k, v, mask});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["block"] = block;
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["causal"] = causal;
+    if (known != nullptr) return *known;
     return blocked_forward(q, k, v, mask, heads, {scale, block, causal});
   }
 
@@ -179,7 +183,7 @@ struct BlockedAttention : public torch::autograd::Function<BlockedAttention> {
         dk_h.addmm_(d_scores.t(), q_rows, 1.0, s.scale);                        // dK += dS^T Q * scale
       }
     });
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -213,8 +217,16 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
   const int64_t rows = block_rows(chunk);
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  const at::Tensor out = grad ? BlockedAttention::apply(q3, k3, v3, m, scale, rows, heads, options.causal)
-                              : blocked_forward(q3, k3, v3, m, heads, {scale, rows, options.causal});
+  // In a checkpointed block the forward's output is kept (L x D per head, against L^2 work) and
+  // the recomputation takes it back instead of attending again: backward needs only q, k, v.
+  const at::Tensor kept = kept_result();
+  at::Tensor out;
+  if (grad) {
+    out = BlockedAttention::apply(q3, k3, v3, m, scale, rows, heads, options.causal, kept.defined() ? &kept : nullptr);
+  } else {
+    out = kept.defined() ? kept : blocked_forward(q3, k3, v3, m, heads, {scale, rows, options.causal});
+  }
+  keep_for_recompute(out);
   return out.view({b, heads, lq, dv});
 }
 

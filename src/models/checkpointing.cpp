@@ -15,6 +15,34 @@ struct CheckpointState : torch::CustomClassHolder {
   CheckpointFn fn;
   std::vector<bool> defined;
   at::Tensor rng_state;
+  bool keep_results = false;
+  std::vector<at::Tensor> kept;  // keep_for_recompute() results of the forward, in order
+};
+
+// The checkpoint whose forward keeps results (recording) or whose recomputation hands them back
+// (replaying) on this thread; null outside both. Autograd runs a CPU backward on the thread that
+// called it, so a thread-local reaches the code of fn.
+struct KeptResults {
+  CheckpointState* state = nullptr;
+  bool replaying = false;
+  size_t next = 0;
+};
+thread_local KeptResults* t_kept = nullptr;
+
+class ScopedKeptResults {
+ public:
+  ScopedKeptResults(CheckpointState* state, bool replaying) : previous_(t_kept) {
+    current_.state = state;
+    current_.replaying = replaying;
+    t_kept = state->keep_results ? &current_ : nullptr;
+  }
+  ~ScopedKeptResults() { t_kept = previous_; }
+  ScopedKeptResults(const ScopedKeptResults&) = delete;
+  ScopedKeptResults& operator=(const ScopedKeptResults&) = delete;
+
+ private:
+  KeptResults current_;
+  KeptResults* previous_;
 };
 
 std::vector<at::Tensor> expand(const std::vector<bool>& defined, const std::vector<at::Tensor>& present) {
@@ -62,6 +90,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     all.pop_back();  // the dummy
     // Grad mode is already off here (Function::apply), so nothing of fn's graph is kept.
+    ScopedKeptResults keep(state.get(), /*replaying=*/false);
     return state->fn(expand(state->defined, all));
   }
 
@@ -79,9 +108,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<at::Tensor> outputs;
     {
       ScopedCpuRngState rng(state->rng_state);
+      ScopedKeptResults replay(state.get(), /*replaying=*/true);
       torch::AutoGradMode enable(true);
       outputs = state->fn(expand(state->defined, detached));
     }
+    state->kept.clear();  // what was not handed back (none, normally) goes now
     torch::autograd::variable_list roots, grads;
     for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
       if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
@@ -102,10 +133,21 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
 }  // namespace
 
-std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs) {
+void keep_for_recompute(const at::Tensor& result) {
+  if (t_kept != nullptr && !t_kept->replaying) t_kept->state->kept.push_back(result);
+}
+
+at::Tensor kept_result() {
+  if (t_kept == nullptr || !t_kept->replaying || t_kept->next >= t_kept->state->kept.size()) return at::Tensor();
+  // Handed over, not copied: the recomputed graph owns it from here and frees it after backward.
+  return std::move(t_kept->state->kept[t_kept->next++]);
+}
+
+std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs, bool keep_results) {
   if (!torch::GradMode::is_enabled()) return fn(inputs);
   auto state = c10::make_intrusive<CheckpointState>();
   state->fn = fn;
+  state->keep_results = keep_results;
   std::vector<at::Tensor> present;
   for (const auto& t : inputs) {
     state->defined.push_back(t.defined());
@@ -116,9 +158,9 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
 }
 
 at::Tensor checkpoint(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
-                      const std::vector<at::Tensor>& inputs) {
+                      const std::vector<at::Tensor>& inputs, bool keep_results) {
   return checkpoint([fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in)}; },
-                    inputs)
+                    inputs, keep_results)
       .at(0);
 }
 

@@ -77,8 +77,10 @@ struct Compute {
 
   // Query rows per attention block over `query_rows` queries (and as many keys: self-attention);
   // 0 or >= query_rows: plain attention.
-  int64_t query_block(int64_t query_rows) const {
-    return models::query_block_rows(query_rows, query_rows, attention_chunk, host && !simulated_device, bytes);
+  int64_t query_block(int64_t query_rows) const { return query_block(query_rows, query_rows); }
+  // The same over `key_rows` keys (cross-attention).
+  int64_t query_block(int64_t query_rows, int64_t key_rows) const {
+    return models::query_block_rows(query_rows, key_rows, attention_chunk, host && !simulated_device, bytes);
   }
 };
 

@@ -7,7 +7,8 @@
 // per ResnetBlock2D the GroupNorm/SiLU outputs and the time-embedding sum, per BasicTransformerBlock
 // the LayerNorm outputs, q/k/v copies, the softmax probabilities (unless attention is chunked:
 // BlockedAttention keeps q, k, v only), the GEGLU projection and the residual sums. Gradient
-// checkpointing (resnets and transformer blocks) keeps each block's output and recomputes one
+// checkpointing (resnets and transformer blocks) keeps each block's output (and a transformer
+// block's blocked attention outputs, which its recomputation takes back) and recomputes one
 // block at a time in backward. The factors below are element counts of those tensors, checked
 // against measured peaks (tests/plan/test_plan_accuracy.cpp, docs/benchmarks.md); none is fitted.
 #include <algorithm>
@@ -44,6 +45,7 @@ struct BlockCost {
   int64_t transient = 0;  // extra while the block's backward (or no-grad forward) runs
   int64_t output = 0;     // the block's output (kept by the next block, and as a skip)
   int64_t fp32_copies = 0;  // LoRA's fp32 copies of its inputs (only when computing in 16 bits)
+  int64_t kept = 0;         // kept besides the output when checkpointed (blocked attention outputs)
   bool checkpointed = false;
 };
 
@@ -102,6 +104,8 @@ std::vector<BlockCost> SDArchitecture::transformer(int64_t b, size_t level, int6
   const int64_t n = b * hw * c;
   const int64_t block_rows = comp.query_block(hw);
   const bool chunked = block_rows > 0 && block_rows < hw;
+  const int64_t cross_rows = comp.query_block(hw, kContextTokens);
+  const bool cross_chunked = cross_rows > 0 && cross_rows < hw;
   const int64_t probs_self = b * heads * hw * hw;
   const int64_t probs_cross = b * heads * hw * kContextTokens;
   // A chunked attention holds one block of scores (and in backward its gradient) per thread.
@@ -127,6 +131,8 @@ std::vector<BlockCost> SDArchitecture::transformer(int64_t b, size_t level, int6
     // LoRA's fp32 copy of each adapted Linear's input: q, k, v, out (self), q, out (cross), and
     // the GEGLU projection's and the output Linear's (4n) inputs.
     blk.fp32_copies = 11 * n;
+    // Checkpointed, each blocked attention's output (n) stays until the block's backward.
+    blk.kept = (chunked ? n : 0) + (cross_chunked ? n : 0);
     blk.checkpointed = true;
     out.push_back(blk);
   }
@@ -287,7 +293,7 @@ int64_t SDArchitecture::training_activations(const Shape& s, const Compute& c) c
   for (const BlockCost& b : t.blocks) {
     const int64_t block_bytes = (b.saved + b.output) * c.bytes + b.fp32_copies * copy_bytes;
     if (c.checkpointing && b.checkpointed) {
-      boundary += b.output * c.bytes;
+      boundary += (b.output + b.kept) * c.bytes;
       worst_block = std::max(worst_block, block_bytes + b.transient * c.bytes);
     } else {
       saved += block_bytes;

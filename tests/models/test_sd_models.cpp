@@ -294,6 +294,71 @@ CATCH_TEST_CASE("checkpointing replays the forward's dropout mask in the recompu
   CATCH_CHECK(!block->forward(x, temb).requires_grad());
 }
 
+CATCH_TEST_CASE("a checkpoint that keeps results hands them back in the recomputation, in order", "[checkpointing]") {
+  at::Tensor w = torch::randn({5, 5}).set_requires_grad(true);
+  at::Tensor x = torch::randn({3, 5});
+  int computed = 0;
+  // `expensive` stands for attention: computed once in the forward, taken back in the recomputation.
+  auto expensive = [&](const at::Tensor& a) {
+    at::Tensor kept = kept_result();
+    at::Tensor r = kept.defined() ? kept : (++computed, (a * 3).detach());
+    keep_for_recompute(r);
+    return r;
+  };
+  auto fn = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = at::matmul(in[0], w);
+    at::Tensor first = expensive(h.detach()), second = expensive(h.detach() + 1);
+    return h * first + second;
+  };
+  for (bool keep : {false, true}) {
+    CATCH_INFO("keep_results " << keep);
+    computed = 0;
+    w.mutable_grad() = at::Tensor();
+    checkpoint(fn, {x}, keep).sum().backward();
+    // Without keep_results the recomputation computes both again.
+    CATCH_CHECK(computed == (keep ? 2 : 4));
+    const at::Tensor h = at::matmul(x, w).detach();
+    // d/dw sum(h * 3h + ...) with the kept factor constant: x^T (3h).
+    CATCH_CHECK(torch::allclose(w.grad(), at::matmul(x.t(), 3 * h), 1e-5, 1e-6));
+  }
+  // Outside a keeping checkpoint nothing is kept or handed back.
+  keep_for_recompute(x);
+  CATCH_CHECK(!kept_result().defined());
+}
+
+CATCH_TEST_CASE("checkpointed transformer block with blocked attention: same gradients, attention kept",
+                "[checkpointing]") {
+  BasicTransformerBlockOptions o;
+  o.dim = 16;
+  o.num_attention_heads = 2;
+  o.attention_head_dim = 8;
+  o.cross_attention_dim = 12;
+  o.query_chunk = 16;  // 64 tokens in blocks of 16 rows: BlockedAttention for both attentions
+  BasicTransformerBlock block(o);
+  block->train();
+  auto adapter = std::make_shared<TestAdapter>(16, 16);
+  block->attn1->to_v->adapter = adapter;
+  torch::manual_seed(4);
+  at::Tensor x = torch::randn({2, 64, 16}), ctx = torch::randn({2, 77, 12});
+  auto grads = [&](bool on) {
+    block->gradient_checkpointing = on;
+    block->zero_grad();
+    adapter->up.mutable_grad() = at::Tensor();
+    adapter->down.mutable_grad() = at::Tensor();
+    at::Tensor xi = x.clone().set_requires_grad(true);
+    block->forward(xi, ctx).pow(2).sum().backward();
+    return std::vector<at::Tensor>{xi.grad().clone(), adapter->up.grad().clone(), adapter->down.grad().clone(),
+                                   block->attn2->to_k->weight.grad().clone()};
+  };
+  const auto off = grads(false), on = grads(true);
+  for (size_t i = 0; i < off.size(); ++i) {
+    CATCH_INFO("gradient " << i);
+    CATCH_CHECK(off[i].abs().sum().item<double>() > 0);
+    CATCH_CHECK((off[i] - on[i]).abs().max().item<double>() <= 1e-5);
+  }
+  block->attn1->to_v->adapter.reset();
+}
+
 CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {
   torch::NoGradGuard no_grad;
   AutoencoderKL vae(VAEConfig::from_json(read_json(lt::test::parity_case("vae") / "config.json")));

@@ -56,8 +56,9 @@ BasicTransformerBlockImpl::BasicTransformerBlockImpl(const BasicTransformerBlock
 
 at::Tensor BasicTransformerBlockImpl::forward(const at::Tensor& hidden, const at::Tensor& encoder_hidden_states) {
   if (gradient_checkpointing && torch::GradMode::is_enabled()) {
+    // keep_results: the blocked attention's outputs are kept rather than recomputed (attention.cpp).
     return checkpoint([this](const std::vector<at::Tensor>& in) { return forward_impl(in[0], in[1]); },
-                      {hidden, encoder_hidden_states});
+                      {hidden, encoder_hidden_states}, /*keep_results=*/true);
   }
   return forward_impl(hidden, encoder_hidden_states);
 }
