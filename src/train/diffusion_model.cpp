@@ -48,16 +48,14 @@ int64_t quantize(torch::nn::Module& module, models::WeightQuantization format) {
   return models::quantize_linear_layers(module, format);
 }
 
-at::Tensor encode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode, c10::Device device, const at::Tensor& pixels,
+at::Tensor encode_kl(models::sd::AutoencoderKLImpl& vae, c10::Device device, const at::Tensor& pixels,
                      std::optional<at::Generator> generator) {
-  apply_compute_mode(vae, mode);
   torch::NoGradGuard no_grad;
   auto dist = vae.encode(pixels.to(device, at::kFloat));
   return vae.scale_latents(generator ? dist.sample(generator) : dist.mode());
 }
 
-at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode, c10::Device device, const at::Tensor& latents) {
-  apply_compute_mode(vae, mode);
+at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, c10::Device device, const at::Tensor& latents) {
   torch::NoGradGuard no_grad;
   return vae.decode(vae.unscale_latents(latents.to(device, at::kFloat))).to(at::kCPU).clamp(-1, 1);
 }

@@ -52,12 +52,12 @@ void quantize_and_place(torch::nn::Module& module, std::optional<models::WeightQ
 // models::quantize_linear_layers: the bytes it released.
 int64_t quantize(torch::nn::Module& module, models::WeightQuantization format);
 
-// SD, SDXL and Flux's AutoencoderKL (fp32, on `device`, in compute mode `mode`): pixels [B, 3, H, W]
-// in [-1, 1] -> scaled latents (sampled with `generator`, else the mode), and scaled latents ->
-// pixels in [-1, 1] on the CPU.
-at::Tensor encode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode, c10::Device device, const at::Tensor& pixels,
+// SD, SDXL and Flux's AutoencoderKL (fp32, on `device`; its Releasable's get() applied the compute
+// mode): pixels [B, 3, H, W] in [-1, 1] -> scaled latents (sampled with `generator`, else the mode),
+// and scaled latents -> pixels in [-1, 1] on the CPU.
+at::Tensor encode_kl(models::sd::AutoencoderKLImpl& vae, c10::Device device, const at::Tensor& pixels,
                      std::optional<at::Generator> generator);
-at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode, c10::Device device, const at::Tensor& latents);
+at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, c10::Device device, const at::Tensor& latents);
 
 // A frozen component (a text encoder, the VAE) loaded when first needed, which the low-VRAM path
 // may take off the device until it is used again: on a GPU it waits in host RAM; on the CPU, where

@@ -178,11 +178,11 @@ TextEmbedding SDModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor SDModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  return family::encode_kl(*vae_.get(), options_.compute, options_.device, pixels, generator);
+  return family::encode_kl(*vae_.get(), options_.device, pixels, generator);
 }
 
 at::Tensor SDModel::decode_latents(const at::Tensor& latents) {
-  return family::decode_kl(*vae_.get(), options_.compute, options_.device, latents);
+  return family::decode_kl(*vae_.get(), options_.device, latents);
 }
 
 at::Tensor SDModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {

@@ -89,11 +89,11 @@ TextEmbedding SDXLModel::encode_text(const std::vector<std::string>& captions) {
 }
 
 at::Tensor SDXLModel::encode_pixels(const at::Tensor& pixels, std::optional<at::Generator> generator) {
-  return family::encode_kl(*vae_.get(), options_.compute, options_.device, pixels, generator);
+  return family::encode_kl(*vae_.get(), options_.device, pixels, generator);
 }
 
 at::Tensor SDXLModel::decode_latents(const at::Tensor& latents) {
-  return family::decode_kl(*vae_.get(), options_.compute, options_.device, latents);
+  return family::decode_kl(*vae_.get(), options_.device, latents);
 }
 
 at::Tensor SDXLModel::predict(const at::Tensor& noisy, const at::Tensor& timesteps, const Conditioning& c) {
