@@ -540,6 +540,10 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   if (pre.enabled && (pre.vae_image_size < 8 || pre.vae_image_size > 512 || pre.vae_image_size % 8 != 0)) {
     throw InputError("demo base: the autoencoder's training image size must be a multiple of 8 in 8..512");
   }
+  // A crop the VAE can halve down to one latent cell: a multiple of 8 up to its images' size.
+  if (pre.enabled && (pre.vae_crop < 0 || pre.vae_crop % 8 != 0 || pre.vae_crop > pre.vae_image_size)) {
+    throw InputError("demo base: the autoencoder's crop must be 0 (whole images) or a multiple of 8 up to its image size");
+  }
   if (pre.enabled && pre.vae_levels != 3 && pre.vae_levels != 4) {
     throw InputError("demo base: the pretrained VAE has 3 or 4 levels (4 or 8 pixels per latent cell)");
   }

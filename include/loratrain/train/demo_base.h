@@ -34,6 +34,7 @@ struct DemoPretrainOptions {
   // The autoencoder's training images (square, pixels; a multiple of 8): 32 costs a quarter of 64 per
   // image and learned faster for the CPU time than 64 did (docs/benchmarks.md).
   int vae_image_size = 32;
+  int vae_crop = 0;      // train the autoencoder on random square crops of this many pixels (0: whole images)
   // 1500 rather than 500: only then does the base draw the colours its prompts name (docs/benchmarks.md,
   // "A UNet that follows its captions").
   int unet_steps = 1500;  // batches of unet_batch

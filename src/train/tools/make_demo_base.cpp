@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--vae-image-size", pre.vae_image_size, "size of the autoencoder's square training images (multiple of 8)")
       ->capture_default_str();
+  app.add_option("--vae-batch", pre.vae_batch, "autoencoder batch size")->capture_default_str();
+  app.add_option("--vae-crop", pre.vae_crop, "train the autoencoder on random square crops of this many pixels (0: whole images)")
+      ->capture_default_str();
   app.add_option("--unet-steps", pre.unet_steps, "UNet steps (batches of " + std::to_string(pre.unet_batch) + ")")
       ->capture_default_str();
   app.add_option("--unet-lr", pre.unet_lr, "the UNet's peak learning rate (Adam)")->capture_default_str();
