@@ -75,6 +75,15 @@ CATCH_TEST_CASE("pretraining is offered for the tiny SD1 base only, with a group
   options.pretrain.vae_levels = 4;
   options.pretrain.image_size = 40;  // 5 latent cells of 8: the UNet cannot halve them
   CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "size", options), lt::InputError);
+  options.pretrain.image_size = 32;
+  options.pretrain.vae_crop = 12;  // the VAE cannot halve 12 pixels three times
+  CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "crop", options), lt::InputError);
+  options.pretrain.vae_crop = 16;
+  options.pretrain.norm_groups = 8;
+  options.pretrain.unet_width = 44;  // not a multiple of the 8 groups
+  CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "width", options), lt::InputError);
+  CATCH_CHECK_FALSE(fs::exists(dir / "crop"));
+  CATCH_CHECK_FALSE(fs::exists(dir / "width"));
   CATCH_CHECK_FALSE(fs::exists(dir / "sdxl"));
   CATCH_CHECK_FALSE(fs::exists(dir / "groups"));
   CATCH_CHECK_FALSE(fs::exists(dir / "levels"));

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_option("--unet-steps", pre.unet_steps, "UNet steps (batches of " + std::to_string(pre.unet_batch) + ")")
       ->capture_default_str();
   app.add_option("--unet-lr", pre.unet_lr, "the UNet's peak learning rate (Adam)")->capture_default_str();
+  app.add_option("--unet-width", pre.unet_width, "channels of the UNet's first level (the second: twice as many)")
+      ->capture_default_str();
   app.add_option("--unet-batch", pre.unet_batch, "UNet batch size")->capture_default_str();
   app.add_option("--vae-levels", pre.vae_levels, "levels of the pretrained VAE: 3 (4 pixels per latent cell) or 4 (8, SD's)")
       ->capture_default_str();
