@@ -1,7 +1,7 @@
 // The demo shows learning: lt-make-demo-base --pretrain gives a base that has learned shapes in the
 // palette's colours and draws the colours its prompts name, and the demo's LoRA (configs/demo.yaml)
 // teaches it a colour it never saw (cyan) under the trigger word "ltdemo", and only there. The
-// acceptance case ("[demo-full]") pretrains with the defaults (about 3.5 CPU minutes), so it is hidden
+// acceptance case ("[demo-full]") pretrains with the defaults (about 5 CPU minutes), so it is hidden
 // here and registered with ctest on its own as test_demo_full (label slow).
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
@@ -221,8 +221,8 @@ CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word a
   // pretraining, 07:55 UTC) 0.200 with, 0.041 without. A LoRA on all default targets (cyan
   // 0.014-0.057, 0.027-0.082 without the word) or data whose captions always name a colour (0.164
   // with, 0.080 without) fails them. The faster defaults (docs/benchmarks.md "The demo base in a
-  // third of the time"): MSE 0.046, base red 0.85, LoRA cyan 0.266 with, 0 without, red 0.99;
-  // shorter UNet schedules and narrower UNets that fail them are listed there.
+  // third of the time"): MSE 0.028-0.032, base red 0.69-0.82, LoRA cyan 0.104-0.154 with, 0
+  // without, red 0.52-1.0; shorter schedules and narrower UNets that fail them are listed there.
   CATCH_CHECK(mse < 0.06);  // each image's mean colour scores about 0.11
   // The base draws the colour a prompt names (the red background fills most of the picture) and
   // never the concept's.
