@@ -1,6 +1,7 @@
 // lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell|wan21] [--diffusers] [--seed N] [--full-size]
 //                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N] [--norm-groups N]
-//                   [--vae-image-size N] [--vae-levels 3|4] [--image-size N] [--vae-lr LR]]:
+//                   [--vae-image-size N] [--vae-levels 3|4] [--image-size N] [--vae-lr LR] [--vae-batch N]
+//                   [--vae-crop N] [--unet-lr LR] [--unet-batch N] [--unet-width N]]:
 // writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
 // shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
