@@ -511,8 +511,8 @@ const Table<ModelConfig>& model_table() {
     t.push_back(field("quantize", &S::quantize,
                       "Store the frozen base's Linear weights in 8 bits with one scale per output channel, a quarter "
                       "of fp32's memory: fp8 e4m3 codes for qfloat8 (decoded through a byte table), int8 for qint8. "
-                      "Flux with qfloat8: an fp8 file's weights (e4m3fn or e5m2, plain or ComfyUI scaled) are kept as stored, never "
-                      "widened, and the rest is quantized on the host before the model reaches the device (AI "
+                      "The base is quantized on the host before it reaches the device. Flux and Wan with qfloat8: an fp8 "
+                      "file's weights (e4m3fn or e5m2, plain or ComfyUI scaled) are kept as stored, never widened (AI "
                       "Toolkit widens fp8 files to the dtype first).")
                     .lever());
     t.push_back(field("qtype", &S::qtype, "Weight format when quantize is on.")

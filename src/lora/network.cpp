@@ -179,6 +179,12 @@ const char* to_string(AdapterType type) {
   }
 }
 
+AdapterType adapter_type_from_name(const std::string& name) {
+  if (name == "lokr") return AdapterType::LoKr;
+  if (name == "loha") return AdapterType::LoHa;
+  return AdapterType::LoRA;
+}
+
 std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor) {
   TORCH_CHECK(dimension > 0, "lokr_factorization: dimension must be positive");
   if (factor > 0 && dimension % factor == 0) {

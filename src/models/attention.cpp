@@ -218,4 +218,12 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return out.view({b, heads, lq, dv});
 }
 
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const auto pairs = xf.unflatten(-1, {-1, 2}).unbind(-1);
+  const at::Tensor rotated = at::stack({-pairs[1], pairs[0]}, -1).flatten(3);
+  const at::Tensor c = cos.unsqueeze(0).unsqueeze(2), s = sin.unsqueeze(0).unsqueeze(2);
+  return (xf * c + rotated * s).to(x.scalar_type());
+}
+
 }  // namespace lt::models

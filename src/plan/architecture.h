@@ -49,6 +49,10 @@ struct AdapterShape {
   bool lokr_full_rank = false;
 };
 
+// One adapter module on a layer `in` -> `out` (kernel k x k) at `rank`: its weights as the adapter
+// type has them, and its alpha.
+int64_t adapter_module_parameters(const AdapterShape& adapter, int64_t in, int64_t out, int64_t kernel, int64_t rank);
+
 // One shape a phase computes at, in pixels; `batch` counts rows (classifier-free guidance's
 // doubled batch included by the caller).
 struct Shape {
@@ -94,9 +98,6 @@ class Architecture {
   // Whether previews run the denoiser on [uncond, cond] rows at once. lora-train's previews run a
   // guided preview's two branches one after the other (sample::sample), so no family does.
   virtual bool guidance_doubles_batch() const { return false; }
-  // Whether the family turns the denoiser's Linear weights into fp8 codes on the host right after
-  // building it (model.quantize with qfloat8), before the text encoders and the VAE load (Flux, Wan).
-  virtual bool quantizes_fp8_while_loading() const { return false; }
   virtual int latent_downscale() const { return 8; }
   virtual int bucket_divisibility() const { return 16; }  // bucket sides are multiples of this
 };

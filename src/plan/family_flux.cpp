@@ -25,7 +25,6 @@
 #include "checkpoint_headers.h"
 #include "t5_encoder.h"
 #include "loratrain/io/safetensors.h"
-#include "loratrain/lora/network.h"
 #include "loratrain/models/flux/checkpoint.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/models/sd/load.h"
@@ -49,6 +48,8 @@ constexpr int64_t kClipTokens = 77;
 struct TextShapes {
   T5Shape t5;
   int64_t clip_width = 768;
+  int64_t clip_vocab = 49408;
+  int64_t clip_positions = 77;
 };
 
 class FluxArchitecture final : public Architecture {
@@ -63,8 +64,6 @@ class FluxArchitecture final : public Architecture {
   int64_t vae_decode(const Shape& s, const Compute& c) const override { return autoencoder_kl_decode(vae_, s, c); }
   int64_t text_encode(int64_t batch, const Compute& c) const override;
   int64_t text_embedding_elements() const override { return text_tokens() * config_.joint_attention_dim + text_.clip_width; }
-  // family_flux.cpp (train) keeps fp8 codes from the start under qfloat8.
-  bool quantizes_fp8_while_loading() const override { return true; }
 
  private:
   // T5's sequence: every max_length position, pads included (512 dev, 256 schnell).
@@ -84,14 +83,8 @@ Parameters FluxArchitecture::parameters(const AdapterShape& adapter) const {
   p.adapter = 0;
   p.adapter_modules = 0;
   const int64_t r = adapter.linear_rank, d = config_.inner_dim();
-  lora::NetworkConfig net;
-  net.type = adapter.type == "lokr" ? lora::AdapterType::LoKr
-             : adapter.type == "loha" ? lora::AdapterType::LoHa
-                                      : lora::AdapterType::LoRA;
-  net.lokr_factor = adapter.lokr_factor;
-  net.lokr_full_rank = adapter.lokr_full_rank;
   auto add = [&](int64_t in, int64_t out) {
-    p.adapter += lora::adapter_parameters(net, out, in, 1, r) + 1;  // the module's weights and its alpha
+    p.adapter += adapter_module_parameters(adapter, in, out, 1, r);
     p.adapter_modules += 1;
   };
   // Every Linear inside the blocks (ComponentSpec::flux_transformer): the modulations, attention
@@ -195,7 +188,11 @@ void t5_shapes(const io::SafetensorsFile& file, const std::string& root, TextSha
 
 void clip_shapes(const io::SafetensorsFile& file, TextShapes& out) {
   for (const auto& t : file.tensors()) {
-    if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) out.clip_width = t.shape[1];
+    if (ends_with(t.name, "token_embedding.weight") && t.shape.size() == 2) {
+      out.clip_vocab = t.shape[0];
+      out.clip_width = t.shape[1];
+    }
+    if (ends_with(t.name, "position_embedding.weight") && t.shape.size() == 2) out.clip_positions = t.shape[0];
   }
 }
 
@@ -339,6 +336,8 @@ std::unique_ptr<Architecture> make_flux_architecture(const ModelSource& source) 
     p.largest_vae_tensor = kVaeLargestTensor;
   }
   p.largest_text_linear = std::max(text.t5.ff * text.t5.width, 4 * text.clip_width * text.clip_width);
+  // quantize_te converts Linears only: the token (and CLIP's position) embeddings keep the dtype.
+  p.text_embeddings = text.t5.vocab * text.t5.width + (text.clip_vocab + text.clip_positions) * text.clip_width;
   return std::make_unique<FluxArchitecture>(std::move(config), std::move(vae), p, text);
 }
 

@@ -19,7 +19,6 @@
 
 #include "architecture.h"
 #include "autoencoder_kl.h"
-#include "loratrain/lora/network.h"
 #include "loratrain/io/safetensors.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/models/sd/load.h"
@@ -207,15 +206,8 @@ Parameters SDArchitecture::parameters(const AdapterShape& adapter) const {
   p.adapter = 0;
   p.adapter_modules = 0;
   const int64_t r = adapter.linear_rank;
-  lora::NetworkConfig net;
-  net.type = adapter.type == "lokr" ? lora::AdapterType::LoKr
-             : adapter.type == "loha" ? lora::AdapterType::LoHa
-                                      : lora::AdapterType::LoRA;
-  net.lokr_factor = adapter.lokr_factor;
-  net.lokr_full_rank = adapter.lokr_full_rank;
-  // Each module's weights and its alpha.
   auto add_module = [&](int64_t in, int64_t out, int64_t k, int64_t rank) {
-    p.adapter += lora::adapter_parameters(net, out, in, k, rank) + 1;
+    p.adapter += adapter_module_parameters(adapter, in, out, k, rank);
     p.adapter_modules += 1;
   };
   auto add = [&](int64_t in, int64_t out, int64_t rank) { add_module(in, out, 1, rank); };
@@ -247,7 +239,7 @@ Parameters SDArchitecture::parameters(const AdapterShape& adapter) const {
   }
   transformer_modules(levels - 1, ch.back());
   // AI Toolkit's full-rank LoKr adapts the convs too (the trainer sets the conv rank to the linear one).
-  const int64_t cr = adapter.conv_rank > 0 ? adapter.conv_rank : (net.type == lora::AdapterType::LoKr && net.lokr_full_rank ? r : 0);
+  const int64_t cr = adapter.conv_rank > 0 ? adapter.conv_rank : (adapter.type == "lokr" && adapter.lokr_full_rank ? r : 0);
   if (cr > 0) {
     // kohya's conv targets, walked as the UNet is built: every ResnetBlock2D (3x3 conv1 and conv2 at the
     // conv rank, its time_emb_proj and a 1x1 conv_shortcut where the channels change at the linear rank),

@@ -26,7 +26,6 @@
 #include "architecture.h"
 #include "checkpoint_headers.h"
 #include "loratrain/io/safetensors.h"
-#include "loratrain/lora/network.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/models/state_dict.h"
 #include "loratrain/models/text/t5_checkpoint.h"
@@ -59,8 +58,6 @@ class WanArchitecture final : public Architecture {
     return t5_encode_bytes(text_, batch, kTextTokens, c.bytes);
   }
   int64_t text_embedding_elements() const override { return kTextTokens * config_.text_dim; }
-  // family_wan.cpp (train) keeps fp8 codes from the start under qfloat8, as Flux does.
-  bool quantizes_fp8_while_loading() const override { return true; }
   int latent_downscale() const override { return 8; }
   int bucket_divisibility() const override { return static_cast<int>(8 * config_.patch_size[1]); }
 
@@ -88,14 +85,8 @@ Parameters WanArchitecture::parameters(const AdapterShape& adapter) const {
   p.adapter = 0;
   p.adapter_modules = 0;
   const int64_t r = adapter.linear_rank, d = config_.inner_dim(), f = config_.ffn_dim;
-  lora::NetworkConfig net;
-  net.type = adapter.type == "lokr" ? lora::AdapterType::LoKr
-             : adapter.type == "loha" ? lora::AdapterType::LoHa
-                                      : lora::AdapterType::LoRA;
-  net.lokr_factor = adapter.lokr_factor;
-  net.lokr_full_rank = adapter.lokr_full_rank;
   auto add = [&](int64_t in, int64_t out) {
-    p.adapter += lora::adapter_parameters(net, out, in, 1, r) + 1;  // the module's weights and its alpha
+    p.adapter += adapter_module_parameters(adapter, in, out, 1, r);
     p.adapter_modules += 1;
   };
   // ComponentSpec::wan_transformer: both attentions' to_q/k/v/out.0 and the FFN, in every block.
@@ -253,8 +244,8 @@ constexpr int64_t kUmt5Vocabulary = 256384;
 
 void umt5_from_shape(const T5Shape& t5, int64_t layers, Parameters& p) {
   const int64_t per_layer = 4 * t5.width * t5.width + 3 * t5.width * t5.ff + 2 * t5.width + 32 * t5.heads;
-  p.text_encoders = kUmt5Vocabulary * t5.width + layers * per_layer + t5.width;
-  p.largest_text_tensor = kUmt5Vocabulary * t5.width;
+  p.text_encoders = t5.vocab * t5.width + layers * per_layer + t5.width;
+  p.largest_text_tensor = t5.vocab * t5.width;
 }
 
 // The transformer's parameters from its config: what a header would list.
@@ -349,6 +340,7 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
   WanVaeConfig vae;
   Parameters p;
   T5Shape text;
+  text.vocab = kUmt5Vocabulary;
   std::optional<fs::path> text_path, vae_path;
   if (source.vae) vae_path = source.vae;
   if (source.checkpoint && fs::is_directory(*source.checkpoint)) {
@@ -392,6 +384,7 @@ std::unique_ptr<Architecture> make_wan_architecture(const ModelSource& source) {
   if (p.text_encoders == 0) umt5_from_shape(text, 24, p);
   if (p.vae == 0) vae_from_config(vae, p);
   p.largest_text_linear = text.ff * text.width;  // a gated MLP projection
+  p.text_embeddings = text.vocab * text.width;    // quantize_te converts Linears only
   return std::make_unique<WanArchitecture>(std::move(config), std::move(vae), p, text);
 }
 

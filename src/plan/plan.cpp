@@ -15,12 +15,21 @@
 #include "loratrain/config/model_path.h"
 #include "loratrain/data/dataset.h"
 #include "loratrain/io/safetensors.h"
+#include "loratrain/lora/network.h"
 #include "loratrain/memory/compat.h"
 #include "loratrain/models/registry.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
 namespace lt::plan {
+
+int64_t adapter_module_parameters(const AdapterShape& adapter, int64_t in, int64_t out, int64_t kernel, int64_t rank) {
+  lora::NetworkConfig net;
+  net.type = lora::adapter_type_from_name(adapter.type);
+  net.lokr_factor = adapter.lokr_factor;
+  net.lokr_full_rank = adapter.lokr_full_rank;
+  return lora::adapter_parameters(net, out, in, kernel, rank) + 1;
+}
 
 namespace fs = std::filesystem;
 using playbook::ModelFamily;
@@ -276,8 +285,9 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   Prediction out;
   // load: each component is built in fp32 on the host, filled one tensor at a time from the file,
   // then converted to the compute dtype on the device (the VAE stays fp32); the adapter comes
-  // last, and quantization at the end of the phase (but see early_fp8 and early_text). On the CPU
-  // the fp32 build is on the device too. The peak is the worst of those moments.
+  // last. With model.quantize (and quantize_te) each component is quantized on the host right after
+  // its build, one Linear at a time, and its codes are placed. On the CPU the fp32 build is on the
+  // device too. The peak is the worst of those moments.
   PhaseMemory& load = out.at(Phase::load);
   const int build = on_cpu_ ? 4 : wb;
   const int64_t text_loaded = !s.low_vram || train_text_encoder_ ? params.text_encoders : 0;
@@ -285,35 +295,32 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   struct Moment {
     int64_t weights, workspace, adapter;
   };
-  // A family quantizing while it loads (fp8 codes) converts one weight at a time beside its fresh
-  // build, and the encoders then load beside the codes; otherwise quantization comes at the end.
-  const bool early_fp8 = s.quantize == Quantize::fp8 && arch_->quantizes_fp8_while_loading();
-  const int64_t base_loaded = early_fp8 ? denoiser_resident : denoiser_full;
-  // quantization converts one weight at a time beside the full base: the fp32 copy of a 16-bit
+  // The encoders load beside the denoiser's codes.
+  const int64_t base_loaded = denoiser_resident;
+  // quantization converts one weight at a time beside the full build: the fp32 copy of a 16-bit
   // weight, then for int8 (LinearImpl::quantize_int8) w / scale, its rounding and clamping (one
   // expression: all alive until its end) and the int8 codes; for fp8 e4m3 (fp8_e4m3_encode) w / scale,
   // |w / scale|, the two neighbour codes (int64) and their fp32 distances.
   const int quantize_bytes = (s.quantize == Quantize::fp8 ? 32 : 13) + (wb < 4 ? 4 : 0);
   const int64_t quantizing =
       (params.largest_denoiser_linear > 0 ? params.largest_denoiser_linear : params.largest_denoiser_tensor) * quantize_bytes;
-  // model.quantize_te: every family quantizes the text encoders on the host as they load, one
-  // weight at a time, and places their codes (under model.low_vram, when they are first used).
+  // model.quantize_te: the text encoders' codes are placed (under model.low_vram, when they are
+  // first used).
   const bool early_text = quantized && quantize_text_encoder_;
   const int64_t text_quantizing =
       (params.largest_text_linear > 0 ? params.largest_text_linear : params.largest_text_tensor) * quantize_bytes;
   const int64_t text_placed = text_loaded == 0 ? 0 : early_text ? text_resident : text_loaded * wb;
   // (on a GPU the early codes are made on the host: the device never holds the widened weights)
-  const bool build_on_device = on_cpu_ || !early_fp8;
+  const bool build_on_device = on_cpu_ || !quantized;
   const bool text_build_on_device = on_cpu_ || !early_text;
   std::vector<Moment> moments = {
       {build_on_device ? params.denoiser * build : 0, build_on_device ? params.largest_denoiser_tensor * build : 0, 0},
-      {build_on_device ? params.denoiser * build : 0, build_on_device && early_fp8 ? quantizing : 0, 0},
+      {build_on_device ? params.denoiser * build : 0, build_on_device && quantized ? quantizing : 0, 0},
       {base_loaded + (text_build_on_device ? text_loaded * build : 0),
        text_loaded && text_build_on_device ? params.largest_text_tensor * build : 0, 0},
       {base_loaded + (text_build_on_device ? text_loaded * wb : 0), text_loaded && on_cpu_ && early_text ? text_quantizing : 0, 0},
       {base_loaded + text_placed + vae_loaded, vae_loaded ? params.largest_vae_tensor * 4 : 0, 0},
       {base_loaded + text_placed + vae_loaded, 0, adapter},
-      {base_loaded + text_placed + vae_loaded, quantized && !early_fp8 ? quantizing : 0, adapter},
   };
   for (const Moment& m : moments) {
     if (m.weights + m.workspace + m.adapter > load.peak()) {

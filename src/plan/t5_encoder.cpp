@@ -15,6 +15,13 @@ void read_t5_shape(const io::SafetensorsFile& file, const std::string& root, T5S
     out.width = file.info(wi).shape[1];
   }
   if (file.contains(bias) && file.info(bias).shape.size() == 2) out.heads = file.info(bias).shape[1];
+  for (const char* embedding : {"shared.weight", "encoder.embed_tokens.weight"}) {
+    const std::string key = root + embedding;
+    if (file.contains(key) && file.info(key).shape.size() == 2) {
+      out.vocab = file.info(key).shape[0];
+      break;
+    }
+  }
 }
 
 }  // namespace lt::plan

@@ -12,6 +12,7 @@ struct T5Shape {
   int64_t width = 4096;  // d_model
   int64_t heads = 64;
   int64_t ff = 10240;    // d_ff of the gated MLP
+  int64_t vocab = 32128;  // rows of the shared token embedding (umT5: 256384)
 };
 
 // Hidden states, the gated MLP's two projections, and the attention's scores, their sum with the
@@ -20,8 +21,8 @@ struct T5Shape {
 // from. umT5 computes a bias per layer, T5 one shared by every layer: one is alive at a time either way.
 int64_t t5_encode_bytes(const T5Shape& t5, int64_t batch, int64_t tokens, int bytes);
 
-// The widths from the encoder's block 0 under `root` (the gated MLP and the position-bias table);
-// what the file lacks keeps its value in `out`.
+// The widths from the encoder's block 0 under `root` (the gated MLP and the position-bias table)
+// and the token embedding's rows; what the file lacks keeps its value in `out`.
 void read_t5_shape(const io::SafetensorsFile& file, const std::string& root, T5Shape& out);
 
 }  // namespace lt::plan

@@ -41,11 +41,6 @@ void quantize_and_place(torch::nn::Module& module, std::optional<models::WeightQ
   else module.to(device);
 }
 
-std::optional<models::WeightQuantization> denoiser_quantization(const ModelLoadOptions& options) {
-  if (options.keep_fp8_weights) return models::WeightQuantization::fp8_e4m3;
-  return std::nullopt;
-}
-
 int64_t quantize(torch::nn::Module& module, models::WeightQuantization format) {
   return models::quantize_linear_layers(module, format);
 }

@@ -49,8 +49,6 @@ const at::Tensor& text_tensor(const TextEmbedding& text, const std::string& name
 // never train (adapters live outside them).
 void quantize_and_place(torch::nn::Module& module, std::optional<models::WeightQuantization> quantization,
                         std::optional<at::ScalarType> dtype, c10::Device device);
-// What the denoiser is quantized to on the host before it is placed: fp8 under keep_fp8_weights.
-std::optional<models::WeightQuantization> denoiser_quantization(const ModelLoadOptions& options);
 // models::quantize_linear_layers: the bytes it released.
 int64_t quantize(torch::nn::Module& module, models::WeightQuantization format);
 

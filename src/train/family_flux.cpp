@@ -96,8 +96,8 @@ FluxModel::FluxModel(ModelLoadOptions options)
   model_id_ = std::string(dev ? "flux-dev|" : "flux-schnell|") +
               family::file_identity(checkpoint_.is_single_file() ? path : path / "transformer") + "|" +
               c10::toString(options_.dtype);
-  transformer_ = checkpoint_.load_transformer(options_.dtype, options_.keep_fp8_weights);
-  family::quantize_and_place(*transformer_, family::denoiser_quantization(options_), options_.dtype, options_.device);
+  transformer_ = checkpoint_.load_transformer(options_.dtype, options_.denoiser_quantization == models::WeightQuantization::fp8_e4m3);
+  family::quantize_and_place(*transformer_, options_.denoiser_quantization, options_.dtype, options_.device);
   set_compute_mode(options_.compute);
   if (options_.assistant_lora) load_assistant(*options_.assistant_lora);
   if (!options_.defer_encoders) {

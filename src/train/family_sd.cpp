@@ -97,7 +97,7 @@ SDModel::SDModel(ModelLoadOptions options, const models::Detection& detection) :
     auto weights = io::SafetensorsFile::open(models::sd::diffusers_component_weights(path / "unet"));
     models::sd::load_unet(*unet_, *weights);
   }
-  family::quantize_and_place(*unet_, std::nullopt, options_.dtype, options_.device);
+  family::quantize_and_place(*unet_, options_.denoiser_quantization, options_.dtype, options_.device);
   family::apply_compute_mode(*unet_, options_.compute);
   traits_.latent_channels = unet_->config.in_channels;
 

@@ -70,7 +70,7 @@ SDXLModel::SDXLModel(ModelLoadOptions options)
   model_id_ = std::string("sdxl|") + family::file_identity(checkpoint_.is_single_file() ? path : path / "unet") + "|" +
               c10::toString(options_.dtype);
   unet_ = checkpoint_.load_unet(options_.dtype);
-  family::quantize_and_place(*unet_, std::nullopt, options_.dtype, options_.device);
+  family::quantize_and_place(*unet_, options_.denoiser_quantization, options_.dtype, options_.device);
   family::apply_compute_mode(*unet_, options_.compute);
   traits_.latent_channels = unet_->config.in_channels;
   unet_spec_ = std::make_unique<lora::ComponentSpec>(lora::ComponentSpec::sdxl_unet(unet_->config));

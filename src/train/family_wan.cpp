@@ -99,8 +99,8 @@ WanModel::WanModel(ModelLoadOptions options)
   model_id_ = "wan21|" + family::file_identity(checkpoint_.transformer_path()) + "|" + c10::toString(options_.dtype);
   // Under qfloat8 an fp8 file's codes are kept and the rest quantized on the host: the device never
   // holds the widened transformer.
-  transformer_ = checkpoint_.load_transformer(options_.dtype, options_.keep_fp8_weights);
-  family::quantize_and_place(*transformer_, family::denoiser_quantization(options_), options_.dtype, options_.device);
+  transformer_ = checkpoint_.load_transformer(options_.dtype, options_.denoiser_quantization == models::WeightQuantization::fp8_e4m3);
+  family::quantize_and_place(*transformer_, options_.denoiser_quantization, options_.dtype, options_.device);
   set_compute_mode(options_.compute);
   if (!options_.defer_encoders) {
     text_encoder_.get();

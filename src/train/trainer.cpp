@@ -102,6 +102,10 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;   // the first stop signal received; 0 when none
 volatile std::sig_atomic_t g_stop_signals = 0;  // how many arrived
 
+const char* quantization_name(models::WeightQuantization format) {
+  return format == models::WeightQuantization::int8 ? "int8" : "fp8 (e4m3)";
+}
+
 extern "C" void on_stop_signal(int signal) {
   if (g_stop_signal == 0) g_stop_signal = signal;
   g_stop_signals = g_stop_signals + 1;
@@ -169,6 +173,7 @@ class Trainer {
   void plan_memory();
   void load_model();
   void quantize_base();
+  models::WeightQuantization base_quantization() const;          // model.qtype (with model.quantize)
   models::WeightQuantization text_encoder_quantization() const;  // model.qtype_te
   void prepare_data();
   void build_caches();
@@ -576,9 +581,11 @@ void Trainer::load_model() {
   model_.reset();
   network_ = lora::LoRANetwork(nullptr);
   model_options_.defer_encoders = settings_.low_vram;
-  // A base that trains in fp8 takes an fp8 file's Linear weights as they are stored (AI Toolkit
-  // widens them to the dtype, then quantizes again).
-  model_options_.keep_fp8_weights = settings_.quantize == playbook::Quantize::fp8;
+  // model.quantize: the denoiser is quantized on the host as it loads, never placed widened; in fp8
+  // an fp8 file's Linear weights stay the codes they are stored as (AI Toolkit widens them to the
+  // dtype, then quantizes again).
+  model_options_.denoiser_quantization.reset();
+  if (settings_.quantize != playbook::Quantize::none) model_options_.denoiser_quantization = base_quantization();
   // Text encoders quantized on the host as they load, never placed widened (nor, on the low-VRAM
   // path, loaded just to be quantized).
   model_options_.text_quantization.reset();
@@ -591,8 +598,7 @@ void Trainer::load_model() {
   p_->sample.sampler = sampler_for_model(model_->traits(), p_->sample.sampler);
 
   lora::NetworkConfig net;
-  const std::string& type = p_->network.type;
-  net.type = type == "lokr" ? lora::AdapterType::LoKr : (type == "loha" ? lora::AdapterType::LoHa : lora::AdapterType::LoRA);
+  net.type = lora::adapter_type_from_name(p_->network.type);
   net.lokr_factor = p_->network.lokr_factor;
   net.lokr_full_rank = p_->network.lokr_full_rank;
   net.linear = p_->network.linear;
@@ -618,9 +624,16 @@ void Trainer::load_model() {
   }
   model_->set_gradient_checkpointing(settings_.gradient_checkpointing);
   model_->set_training(true);
-  if (settings_.quantize != playbook::Quantize::none) {
-    quantize_base();
+  if (model_options_.denoiser_quantization) {
+    spdlog::info("base weights quantised to {}{}, on the host before placing", quantization_name(*model_options_.denoiser_quantization),
+                 model_options_.text_quantization
+                     ? fmt::format(", text encoders to {}", quantization_name(*model_options_.text_quantization))
+                     : std::string());
   }
+}
+
+models::WeightQuantization Trainer::base_quantization() const {
+  return settings_.quantize == playbook::Quantize::fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8;
 }
 
 models::WeightQuantization Trainer::text_encoder_quantization() const {
@@ -628,18 +641,16 @@ models::WeightQuantization Trainer::text_encoder_quantization() const {
                                                                         : models::WeightQuantization::fp8_e4m3;
 }
 
-// model.quantize / the guard's quantize_base rung: qfloat8 keeps fp8 e4m3 codes, qint8 int8; with
+// The guard's quantize_base rung, on a loaded model: qfloat8 keeps fp8 e4m3 codes, qint8 int8; with
 // quantize_te the text encoders follow in model.qtype_te's format.
 void Trainer::quantize_base() {
-  const bool fp8 = settings_.quantize == playbook::Quantize::fp8;
-  auto name = [](models::WeightQuantization f) { return f == models::WeightQuantization::int8 ? "int8" : "fp8 (e4m3)"; };
-  const auto format = fp8 ? models::WeightQuantization::fp8_e4m3 : models::WeightQuantization::int8;
+  const models::WeightQuantization format = base_quantization();
   int64_t released = model_->quantize_base(false, format);
-  std::string what = fmt::format("base weights quantised to {}", name(format));
+  std::string what = fmt::format("base weights quantised to {}", quantization_name(format));
   if (p_->model.quantize_te.value_or(false)) {
     // The denoiser's Linears are quantized already: this pass reaches only the text encoders'.
     released += model_->quantize_base(true, text_encoder_quantization());
-    what += fmt::format(", text encoders to {}", name(text_encoder_quantization()));
+    what += fmt::format(", text encoders to {}", quantization_name(text_encoder_quantization()));
   }
   spdlog::info("{}: {} released", what, format_bytes(released));
 }

@@ -350,6 +350,13 @@ CATCH_TEST_CASE("Flux's levers move the phases they act on", "[plan][flux]") {
   CATCH_CHECK(u.at(Phase::cache).weights == k.at(Phase::cache).weights);
   CATCH_CHECK(k.at(Phase::train_step).weights - u.at(Phase::train_step).weights > 2 * 4'700'000'000LL);
   CATCH_CHECK(u.at(Phase::sample).weights < k.at(Phase::sample).weights);
+  // quantize_te converts Linears only: T5's shared embedding and CLIP-L's token and position
+  // embeddings stay bf16, the rest of the text encoders takes a byte per weight (and a scale per row).
+  const auto te8 = Planner::from_config(aitk("example_flux_24gb.yaml", {"model.quantize_te=true"}));
+  const auto q = te8->predict(te8->configured());
+  constexpr int64_t kEmbeddings = 32128LL * 4096 + (49408 + 77) * 768, kTextEncoders = 4'762'310'656 + 123'060'480;
+  const int64_t saved = k.at(Phase::cache).weights - q.at(Phase::cache).weights;
+  CATCH_CHECK(saved == (kTextEncoders - kEmbeddings) - (kTextEncoders - kEmbeddings) / 250);
   // fit() on 16 GB: the guard's ladder from the 24 GB example, one change at a time.
   const auto fitted = lt::plan::fit(*kept, kept->configured(), int64_t(16) << 30);
   CATCH_CHECK_FALSE(fitted.changes.empty());

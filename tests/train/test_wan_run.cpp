@@ -521,14 +521,9 @@ CATCH_TEST_CASE("Wan 2.1 low-VRAM load with quantize_te: umT5 is not loaded to b
     lt::train::ModelLoadOptions options;
     options.name_or_path = transformer_file();
     options.defer_encoders = true;
-    options.keep_fp8_weights = text_quantization.has_value();
+    if (text_quantization) options.denoiser_quantization = lt::models::WeightQuantization::fp8_e4m3;
     options.text_quantization = text_quantization;
     auto model = lt::train::load_diffusion_model(options);
-    // What the trainer does at the end of its load with model.quantize (and quantize_te).
-    if (text_quantization) {
-      model->quantize_base(false, lt::models::WeightQuantization::fp8_e4m3);
-      model->quantize_base(true, *text_quantization);
-    }
     const int64_t loaded = memory.allocated();
     torch::NoGradGuard no_grad;
     const auto first = model->encode_text({"a red circle"});

@@ -2,6 +2,7 @@
 #pragma once
 #include <errno.h>  // program_invocation_short_name (glibc)
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -18,9 +19,13 @@ namespace lt::test {
 // not packed weights: models/packed_conv.h), with a budget no step comes near.
 inline constexpr const char* kCalibrationMemory = "        simulate_vram: 64GiB\n";
 
-// One scratch folder per test program: ctest runs several of them at once, and each makes its
-// assets on first use (scratch_dir empties the folder first).
-inline std::string per_program(const std::string& name) { return name + "_" + program_invocation_short_name; }
+// One scratch folder per test process: ctest runs several of them at once (several of one executable
+// when it is registered in shards: LT_TEST_NAME, tests/CMakeLists.txt), and each makes its assets on
+// first use (scratch_dir empties the folder first).
+inline std::string per_program(const std::string& name) {
+  const char* test = std::getenv("LT_TEST_NAME");
+  return name + "_" + (test != nullptr && *test != '\0' ? test : program_invocation_short_name);
+}
 
 // Built once per test process (the base and the images do not change between tests).
 inline const std::filesystem::path& tiny_assets() {

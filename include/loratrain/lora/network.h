@@ -108,6 +108,7 @@ struct ComponentSpec {
 
 enum class AdapterType { LoRA, LoKr, LoHa };
 const char* to_string(AdapterType type);  // "lora", "lokr", "loha"
+AdapterType adapter_type_from_name(const std::string& name);  // network.type: "lokr", "loha", else LoRA
 
 // How a LoKr module splits its weight: w1 is [out_l, in_m], w2 [out / out_l, in / in_m(, k, k)];
 // a rank of 0 means the factor is a full matrix, otherwise the product of a rank-r pair.

@@ -30,4 +30,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 void set_default_query_chunk(int64_t rows);
 int64_t default_query_chunk();
 
+// Rotary position embedding on adjacent pairs (Flux, Wan): x [B, L, H, D] rotated by cos/sin
+// [L, D], each pair (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin), in fp32, back in x's dtype.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 }  // namespace lt::models

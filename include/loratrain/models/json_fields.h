@@ -2,11 +2,16 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <string>
 
 #include "loratrain/util/error.h"
 
 namespace lt::models {
+
+// The JSON document in `path` (a config.json, a tokenizer's files). One that cannot be opened or is
+// not valid JSON throws lt::InputError naming the file and what it was read as (`what`).
+nlohmann::json read_json_file(const std::filesystem::path& path, const std::string& what);
 
 // j[key] as T; `fallback` when absent or null. A value of the wrong type throws lt::InputError
 // "<what> config: '<key>' has the wrong type (<value>)".

@@ -125,11 +125,10 @@ struct ModelLoadOptions {
   // model.assistant_lora_path (resolved): a LoRA applied to the frozen denoiser while training and
   // switched off in previews (AI Toolkit's assistant adapter); only families that take one accept it.
   std::optional<std::filesystem::path> assistant_lora;
-  // model.quantize with qfloat8: the frozen denoiser ends as fp8 e4m3 codes, so the Linear weights
-  // of an fp8 file load as the codes they are stored as, never widened, and the others are quantized
-  // on the host before the module is placed on the device (Flux and Wan, the families that read fp8
-  // files; the others quantize after placing).
-  bool keep_fp8_weights = false;
+  // model.quantize: the frozen denoiser's 8-bit format. Every family quantizes its Linears on the
+  // host before the module is placed, so the device never holds the widened base; under fp8 e4m3 the
+  // Linear weights of an fp8 file (Flux, Wan) load as the codes they are stored as, never widened.
+  std::optional<models::WeightQuantization> denoiser_quantization;
   // model.quantize_te (with model.quantize): the text encoders' format; every family quantizes them
   // on the host before placing them (T5 / umT5 fp8 files keep their codes when it is fp8).
   std::optional<models::WeightQuantization> text_quantization;

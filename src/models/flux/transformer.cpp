@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "loratrain/models/attention.h"
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/models/json_fields.h"
 #include "loratrain/models/sd/unet.h"
@@ -22,15 +23,6 @@ at::Tensor layer_norm(const at::Tensor& x) { return at::layer_norm(x, {x.size(-1
 // bf16 Flux run in fp16 overflows: diffusers clips the streams after every block.
 at::Tensor clip_fp16(const at::Tensor& x) {
   return x.scalar_type() == at::kHalf ? x.clamp(-65504.0, 65504.0) : x;
-}
-
-// x [B, S, H, D] rotated by cos/sin [S, D]: each adjacent pair (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin), in fp32.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const auto pairs = xf.unflatten(-1, {-1, 2}).unbind(-1);
-  const at::Tensor rotated = at::stack({-pairs[1], pairs[0]}, -1).flatten(3);
-  const at::Tensor c = cos.unsqueeze(0).unsqueeze(2), s = sin.unsqueeze(0).unsqueeze(2);
-  return (xf * c + rotated * s).to(x.scalar_type());
 }
 
 // diffusers Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin].

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "loratrain/models/key_maps.h"
+#include "loratrain/models/json_fields.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -133,14 +134,7 @@ std::filesystem::path diffusers_component_weights(const std::filesystem::path& f
 }
 
 nlohmann::json read_component_config(const std::filesystem::path& folder) {
-  const auto path = folder / "config.json";
-  std::ifstream in(path);
-  if (!in) throw InputError(path.string() + ": cannot read (a diffusers component folder needs its config.json)");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": not valid JSON (" + printable(e.what()) + ")");
-  }
+  return read_json_file(folder / "config.json", "component config (a diffusers component folder needs its config.json)");
 }
 
 }  // namespace lt::models::sd

@@ -8,6 +8,7 @@
 
 #include "loratrain/models/attention.h"
 #include "loratrain/models/checkpointing.h"
+#include "loratrain/models/json_fields.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -65,15 +66,7 @@ CLIPTextConfig CLIPTextConfig::from_json(const nlohmann::json& j, const std::str
 }
 
 CLIPTextConfig CLIPTextConfig::from_file(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json);
-  if (!in) throw InputError(config_json.string() + ": cannot open CLIP text config");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(config_json.string() + ": invalid JSON: " + printable(e.what()));
-  }
-  return from_json(j, config_json.string());
+  return from_json(read_json_file(config_json, "CLIP text config"), config_json.string());
 }
 
 CLIPTextConfig CLIPTextConfig::detect_from_weights(const std::map<std::string, std::vector<int64_t>>& shapes,

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "loratrain/models/json_fields.h"
 #include "loratrain/util/atomic_file.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
@@ -142,14 +143,6 @@ bool read_token(const nlohmann::json& j, const char* key, std::string& out) {
     return true;
   }
   return false;
-}
-
-nlohmann::json read_json_file(const std::filesystem::path& path) {
-  try {
-    return nlohmann::json::parse(read_text_file(path, "JSON file"));
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path.string() + ": invalid JSON: " + printable(e.what()));
-  }
 }
 
 void apply_token_config(const nlohmann::json& j, CLIPTokenizerOptions& o) {
@@ -331,7 +324,7 @@ CLIPTokenizer CLIPTokenizer::with_pad_token(const std::string& pad_token) const 
 
 CLIPTokenizer CLIPTokenizer::from_files(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt,
                                         CLIPTokenizerOptions options) {
-  nlohmann::json j = read_json_file(vocab_json);
+  nlohmann::json j = read_json_file(vocab_json, "CLIP vocabulary");
   if (!j.is_object()) throw InputError(vocab_json.string() + ": vocab.json is not a JSON object of token -> id");
   std::unordered_map<std::string, int64_t> vocab;
   vocab.reserve(j.size());
@@ -540,7 +533,7 @@ CLIPTokenizerOptions read_clip_tokenizer_options(const std::filesystem::path& fo
   CLIPTokenizerOptions o;
   const auto config = folder / "tokenizer_config.json";
   if (std::filesystem::exists(config)) {
-    nlohmann::json j = read_json_file(config);
+    nlohmann::json j = read_json_file(config, "tokenizer config");
     apply_token_config(j, o);
     auto it = j.find("model_max_length");
     // transformers writes a huge sentinel (1e30) when no length is known; keep CLIP's 77 then.
@@ -549,7 +542,7 @@ CLIPTokenizerOptions read_clip_tokenizer_options(const std::filesystem::path& fo
     }
   }
   const auto special = folder / "special_tokens_map.json";
-  if (std::filesystem::exists(special)) apply_token_config(read_json_file(special), o);
+  if (std::filesystem::exists(special)) apply_token_config(read_json_file(special, "special tokens map"), o);
   return o;
 }
 

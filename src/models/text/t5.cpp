@@ -69,15 +69,7 @@ T5Config T5Config::from_json(const nlohmann::json& j, const std::string& source)
 }
 
 T5Config T5Config::from_file(const std::filesystem::path& config_json) {
-  std::ifstream in(config_json);
-  if (!in) throw InputError(config_json.string() + ": cannot open T5 config");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(config_json.string() + ": invalid JSON: " + printable(e.what()));
-  }
-  return from_json(j, config_json.string());
+  return from_json(read_json_file(config_json, "T5 config"), config_json.string());
 }
 
 T5Config T5Config::detect_from_weights(const std::map<std::string, std::vector<int64_t>>& shapes) {

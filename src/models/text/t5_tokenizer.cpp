@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loratrain/models/json_fields.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 #include "sentencepiece_module.h"
@@ -196,13 +197,7 @@ T5TokenizerOptions read_t5_tokenizer_options(const std::filesystem::path& folder
   T5TokenizerOptions o;
   const auto config = folder / "tokenizer_config.json";
   if (!std::filesystem::exists(config)) return o;
-  std::ifstream in(config);
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(config.string() + ": invalid JSON: " + printable(e.what()));
-  }
+  const nlohmann::json j = read_json_file(config, "tokenizer config");
   if (!j.is_object()) throw InputError(config.string() + ": tokenizer config is not a JSON object");
   // transformers writes a huge sentinel (1e30) when no length is known; keep 512 then.
   auto length = j.find("model_max_length");

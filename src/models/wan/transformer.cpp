@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "loratrain/models/attention.h"
 #include "loratrain/models/checkpointing.h"
 #include "loratrain/models/json_fields.h"
 #include "loratrain/models/sd/unet.h"
@@ -14,16 +15,6 @@
 namespace lt::models::wan {
 
 namespace {
-
-// x [B, L, H, D] rotated by cos/sin [L, D]: each adjacent pair (x0, x1) -> (x0 cos - x1 sin,
-// x1 cos + x0 sin), in fp32, back in x's dtype.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const auto pairs = xf.unflatten(-1, {-1, 2}).unbind(-1);
-  const at::Tensor rotated = at::stack({-pairs[1], pairs[0]}, -1).flatten(3);
-  const at::Tensor c = cos.unsqueeze(0).unsqueeze(2), s = sin.unsqueeze(0).unsqueeze(2);
-  return (xf * c + rotated * s).to(x.scalar_type());
-}
 
 // diffusers get_timestep_embedding(t, dim, flip_sin_to_cos=True, downscale_freq_shift=0): [cos | sin].
 at::Tensor sinusoid(const at::Tensor& t, int64_t dim) { return sd::timestep_embedding(t, dim, true, 0.0); }
