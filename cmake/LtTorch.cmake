@@ -33,6 +33,9 @@ add_library(lt_torch_pch STATIC ${PROJECT_SOURCE_DIR}/cmake/pch_anchor.cpp)
 target_link_libraries(lt_torch_pch PUBLIC lt_torch)
 if(LT_ENABLE_PCH)
   target_precompile_headers(lt_torch_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_pch.h)
+  # The PCH keeps the build type's level (-O3 in Release) under the project's -O1 (CMakeLists.txt):
+  # GCC 12 crashes compiling an -O3 file (lt_io) against an -O1 PCH, while -O1 files take the -O3 one.
+  target_compile_options(lt_torch_pch PRIVATE $<$<CONFIG:Release>:-O3>)
 endif()
 
 # lt_use_torch(target): link LibTorch and share the PCH.

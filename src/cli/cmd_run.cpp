@@ -11,6 +11,7 @@
 #include "loratrain/util/error.h"
 #include "loratrain/train/smoke.h"
 #include "loratrain/train/trainer.h"
+#include "loratrain/util/cpu_features.h"
 
 namespace lt::cli {
 
@@ -19,12 +20,7 @@ void passive_openmp_or_restart(char** argv) {
   // versions even on an AVX-512 CPU unless told otherwise; the AVX-512 versions measured the tiny
   // step 12% faster (0.64 -> 0.56 s, docs/benchmarks.md). Read at LibTorch's first kernel call, so
   // no restart is needed for it; the user's setting stands.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq")) {
-    ::setenv("ATEN_CPU_CAPABILITY", "avx512", 0);
-  }
-#endif
+  if (util::cpu_has_avx512_core()) ::setenv("ATEN_CPU_CAPABILITY", "avx512", 0);
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;  // the user's choice stands (and no loop)
   ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   // OpenBLAS's idle threads poll (sched_yield) for 2^28 cycles, about 0.1 s, after every product;

@@ -189,9 +189,12 @@ void Conv2dImpl::reset_parameters() { default_init(weight, bias, in_channels * k
 
 torch::Tensor Conv2dImpl::forward(const torch::Tensor& x) {
   torch::Tensor y;
-  if (!PackedConvWeights::applies(weight, bias, stride)) {
+  if (!cpu_speed_rule || !PackedConvWeights::applies(weight, bias, stride, padding)) {
     if (packed_weights.packed()) packed_weights.reset();
-  } else if (is_training() || packed_weights.packed()) {
+  } else if (is_training() && pointwise_conv_applies(weight, bias, stride, padding)) {
+    if (packed_weights.packed()) packed_weights.reset();
+    y = pointwise_conv(x.to(weight.scalar_type()), weight, bias);
+  } else if (is_training()) {
     y = packed_weights.forward(x.to(weight.scalar_type()), weight, bias, padding);
   }
   if (!y.defined()) y = torch::conv2d(x.to(weight.scalar_type()), weight, bias, {stride, stride}, {padding, padding});

@@ -4,22 +4,12 @@
 #include <ATen/Context.h>
 #include <torch/autograd.h>
 
-#include <atomic>
+#include "loratrain/util/cpu_features.h"
+
 
 namespace lt::models {
 
 namespace {
-
-std::atomic<bool> g_enabled{true};
-
-// LibTorch's oneDNN bf16 convolution refuses CPUs without these (mkldnn_bf16_device_check).
-bool cpu_runs_onednn_bf16() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
-}
 
 // `w` [out, in, k, k] reordered once into the blocked layout oneDNN's convolution with this
 // padding (stride 1) asks for.
@@ -59,20 +49,71 @@ struct PackedConvFunction : public torch::autograd::Function<PackedConvFunction>
   }
 };
 
+// y[n] = W [out, in] @ x[n] [in, H*W] (+ b) for each sample: a 1x1 stride-1 unpadded convolution
+// as one matrix product over the channels, in NCHW, with no layout reorder and no packed copy.
+at::Tensor pointwise(const at::Tensor& x, const at::Tensor& weight2d, const at::Tensor& bias) {
+  const int64_t n = x.size(0), out = weight2d.size(0), h = x.size(2), w = x.size(3);
+  const at::Tensor x3 = x.contiguous().view({n, x.size(1), h * w});
+  at::Tensor y = at::empty({n, out, h, w}, x.options());
+  const at::Tensor y3 = y.view({n, out, h * w});
+  const at::Tensor b = bias.defined() ? bias.view({out, 1}) : at::Tensor();
+  for (int64_t i = 0; i < n; ++i) {
+    at::Tensor yi = y3.select(0, i);
+    if (b.defined()) {
+      at::addmm_out(yi, b, weight2d, x3.select(0, i));
+    } else {
+      at::mm_out(yi, weight2d, x3.select(0, i));
+    }
+  }
+  return y;
+}
+
+// The frozen weight gets no gradient; dL/dx[n] = W^T @ dL/dy[n] (OpenBLAS reads W transposed in place).
+struct PointwiseConvFunction : public torch::autograd::Function<PointwiseConvFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const PackedArgs* args) {
+    ctx->saved_data["weight"] = args->forward;
+    return pointwise(x, args->forward, args->bias);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const at::Tensor weight2d = ctx->saved_data["weight"].toTensor();
+    return {pointwise(grad_outputs[0], weight2d.t(), at::Tensor()), at::Tensor()};
+  }
+};
+
 }  // namespace
 
-void set_packed_convolutions(bool enabled) { g_enabled.store(enabled); }
-bool packed_convolutions_enabled() { return g_enabled.load(); }
+at::Tensor pointwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const at::Tensor weight2d = weight.view({weight.size(0), weight.size(1)});
+  if (!(at::GradMode::is_enabled() && x.requires_grad())) return pointwise(x, weight2d, bias);
+  const PackedArgs args{weight2d, at::Tensor(), bias, 0, 1};
+  return PointwiseConvFunction::apply(x, &args);
+}
+
+bool pointwise_conv_applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride, int64_t padding) {
+  if (stride != 1 || padding != 0 || !weight.defined() || weight.dim() != 4 || weight.size(2) != 1 ||
+      weight.size(3) != 1 || weight.numel() == 0) {
+    return false;
+  }
+  const at::ScalarType dtype = weight.scalar_type();
+  if (weight.requires_grad() || !weight.device().is_cpu() || (dtype != at::kFloat && dtype != at::kBFloat16) ||
+      !weight.is_contiguous()) {
+    return false;
+  }
+  return !bias.defined() || (!bias.requires_grad() && bias.scalar_type() == dtype && bias.device().is_cpu());
+}
 
 bool packed_convolutions_available() { return at::hasMKLDNN() && at::globalContext().userEnabledMkldnn(); }
 
-bool PackedConvWeights::applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride) {
-  if (stride != 1 || !packed_convolutions_enabled() || !weight.defined() || weight.dim() != 4 || weight.numel() == 0) {
+bool PackedConvWeights::applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride, int64_t padding) {
+  if (stride != 1 || !weight.defined() || weight.dim() != 4 || weight.numel() == 0 || padding < 0 ||
+      padding > weight.size(2) - 1 || weight.size(2) != weight.size(3)) {
     return false;
   }
   if (weight.requires_grad() || !weight.device().is_cpu() || weight.is_mkldnn()) return false;
   const at::ScalarType dtype = weight.scalar_type();
-  if (dtype != at::kFloat && !(dtype == at::kBFloat16 && cpu_runs_onednn_bf16())) return false;
+  // LibTorch's oneDNN bf16 convolution refuses CPUs without AVX-512 BW/VL/DQ (mkldnn_bf16_device_check).
+  if (dtype != at::kFloat && !(dtype == at::kBFloat16 && util::cpu_has_avx512_core())) return false;
   if (bias.defined() && (bias.requires_grad() || bias.scalar_type() != dtype || !bias.device().is_cpu())) return false;
   return packed_convolutions_available();
 }

@@ -17,8 +17,9 @@ namespace lt::plan {
 struct Parameters {
   int64_t denoiser = 0;
   int64_t denoiser_linear = 0;  // in Linear weights: what model.quantize stores as int8
-  // In stride-1 Conv2d weights: what a training step on the CPU packs for oneDNN (packed_conv.h:
-  // two more copies of each, from the first step on). 0 for families without such convolutions.
+  // In stride-1 Conv2d weights larger than 1x1: what a training step on the CPU packs for oneDNN
+  // (packed_conv.h: two more copies of each, from the first step on; 1x1 ones run as matrix products
+  // on the plain weight). 0 for families without such convolutions.
   int64_t denoiser_packed_conv = 0;
   int64_t text_encoders = 0;
   int64_t vae = 0;

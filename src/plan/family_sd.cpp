@@ -349,7 +349,7 @@ void count_file(const io::SafetensorsFile& file, const models::Detection& d, Cou
       // The downsamplers (diffusers' downsamplers.0.conv, the original layout's op) have stride 2.
       if (t.shape.size() == 4 && ends_with(t.name, ".weight") && t.name.find("downsamplers") == std::string::npos &&
           !ends_with(t.name, ".op.weight")) {
-        out.params.denoiser_packed_conv += n;
+        if (t.shape[2] != 1 || t.shape[3] != 1) out.params.denoiser_packed_conv += n;  // 1x1: matrix products
       }
     } else if (starts_with(component, "text_encoder")) {
       out.params.text_encoders += n;
@@ -405,7 +405,10 @@ std::unique_ptr<Architecture> make_sd_architecture(const ModelSource& source) {
     counted.params.largest_denoiser_tensor = 1280 * 2560 * 9;
     counted.params.largest_denoiser_linear = 1280 * 10240;  // the GEGLU projection of the widest blocks
     // Their stride-1 convolutions (diffusers' UNet2DConditionModel with these configs).
-    counted.params.denoiser_packed_conv = xl ? 328624640 : sd2 ? 544893440 : 569674240;
+    // Their stride-1 convolutions but the 1x1 ones (all: 328,624,640 / 544,893,440 / 569,674,240; of
+    // those 1x1, the resnets' shortcuts and SD 1.5's proj_in/proj_out: 13,414,400 / 23,244,800 /
+    // 48,025,600).
+    counted.params.denoiser_packed_conv = xl ? 315210240 : sd2 ? 521648640 : 521648640;
     counted.params.largest_text_tensor = 49408 * counted.text_widths.back();
     counted.params.largest_text_linear = 4 * counted.text_widths.back() * counted.text_widths.back();  // the MLP's fc1
     for (int64_t width : counted.text_widths) counted.params.text_embeddings += (49408 + 77) * width;

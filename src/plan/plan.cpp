@@ -359,7 +359,8 @@ Prediction SettingsPlanner::predict(const MemorySettings& s) const {
   }
   cache.workspace = text_cache;
 
-  // From the first training step on, two packed copies of the stride-1 convolution weights.
+  // From the first training step on, two packed copies of the stride-1 convolution weights (1x1 ones
+  // run as matrix products on the plain weight).
   const int64_t packed_conv = packs_convolutions_ ? 2 * params.denoiser_packed_conv * wb : 0;
   const int64_t resident_training =
       denoiser_resident + (text_stays || !cache_text_ ? text_resident : 0) + (vae_stays ? vae : 0) + packed_conv;

@@ -9,6 +9,9 @@
 #include "loratrain/models/layers.h"
 #include "loratrain/models/sd/blocks.h"
 #include "loratrain/models/sd/vae.h"
+#include "loratrain/models/text/clip.h"
+#include "loratrain/models/text/t5.h"
+#include "loratrain/models/wan/vae.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/strings.h"
 
@@ -65,6 +68,12 @@ void apply_compute_mode(torch::nn::Module& module, const ComputeMode& mode) {
       a->options.query_chunk = mode.attention_chunk;
       a->options.cpu_speed_rule = !mode.simulated_device;
     }
+    // The same for the text encoders' and the Wan VAE's attention, and the CPU's faster convolutions
+    // (models/packed_conv.h: a GPU keeps no packed weights).
+    if (auto* a = m->as<models::CLIPAttentionImpl>()) a->cpu_speed_rule = !mode.simulated_device;
+    if (auto* a = m->as<models::T5AttentionImpl>()) a->cpu_speed_rule = !mode.simulated_device;
+    if (auto* a = m->as<models::wan::WanVaeAttentionImpl>()) a->cpu_speed_rule = !mode.simulated_device;
+    if (auto* conv = m->as<models::Conv2dImpl>()) conv->cpu_speed_rule = !mode.simulated_device;
     if (auto* vae = m->as<models::sd::AutoencoderKLImpl>()) vae->use_tiling = mode.vae_tiling;
   }
 }

@@ -38,7 +38,7 @@ namespace family {
 
 // "absolute path:size", for cache keys.
 std::string file_identity(const std::filesystem::path& path);
-// `mode` on every attention layer and VAE inside `module`.
+// `mode` on every attention layer, convolution and VAE inside `module`.
 void apply_compute_mode(torch::nn::Module& module, const ComputeMode& mode);
 // The named text tensor of a conditioning (lt::Error naming what is there when it is absent).
 const at::Tensor& text_tensor(const TextEmbedding& text, const std::string& name);
@@ -67,11 +67,12 @@ at::Tensor decode_kl(models::sd::AutoencoderKLImpl& vae, const ComputeMode& mode
 template <class Holder>  // a TORCH_MODULE holder
 class Releasable {
  public:
-  // `load` builds and loads the module on the host; it is placed on `device` in `dtype` (nullopt:
-  // the dtypes it was loaded in).
-  Releasable(std::function<Holder()> load, std::optional<at::ScalarType> dtype, c10::Device device,
+  // `load` builds and loads the module on the host; it is placed on the device in `dtype` (nullopt:
+  // the dtypes it was loaded in); the model's options give the device and the compute mode, which
+  // every use applies (apply_compute_mode).
+  Releasable(std::function<Holder()> load, std::optional<at::ScalarType> dtype, const ModelLoadOptions& options,
              std::optional<models::WeightQuantization> quantization = std::nullopt)
-      : load_(std::move(load)), dtype_(dtype), device_(device), quantization_(quantization) {}
+      : load_(std::move(load)), dtype_(dtype), device_(options.device), compute_(options.compute), quantization_(quantization) {}
   Holder& get() {
     if (module_.is_empty()) {
       module_ = load_();
@@ -80,6 +81,7 @@ class Releasable {
       module_->to(device_);
     }
     offloaded_ = false;
+    apply_compute_mode(*module_, compute_);
     return module_;
   }
   void release() {
@@ -100,6 +102,7 @@ class Releasable {
   std::function<Holder()> load_;
   std::optional<at::ScalarType> dtype_;
   c10::Device device_;
+  const ComputeMode& compute_;
   std::optional<models::WeightQuantization> quantization_;
   Holder module_{nullptr};
   bool offloaded_ = false;

@@ -55,9 +55,9 @@ class FluxModel final : public DiffusionModel {
   models::CLIPTokenizer tokenizer_;
   models::T5Tokenizer tokenizer_2_;
   int64_t t5_max_length_;
-  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return checkpoint_.load_vae(); }, at::kFloat, options_.device};
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return checkpoint_.load_vae(); }, at::kFloat, options_};
   family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return checkpoint_.load_text_encoder(options_.dtype); },
-                                                         options_.dtype, options_.device, options_.text_quantization};
+                                                         options_.dtype, options_, options_.text_quantization};
   // T5 keeps the dtypes it was loaded in (in fp16 its `wo` stays fp32, as transformers keeps it),
   // and an fp8 file's codes when it ends in fp8.
   family::Releasable<models::T5EncoderModel> text_encoder_2_{
@@ -65,7 +65,7 @@ class FluxModel final : public DiffusionModel {
         const bool fp8 = text_encoder_2_.quantization() == models::WeightQuantization::fp8_e4m3;
         return checkpoint_.load_text_encoder_2(options_.dtype, fp8);
       },
-      std::nullopt, options_.device, options_.text_quantization};
+      std::nullopt, options_, options_.text_quantization};
   const lora::ComponentSpec spec_ = lora::ComponentSpec::flux_transformer();
   lora::LoRANetwork assistant_{nullptr};
 };

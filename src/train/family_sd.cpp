@@ -61,9 +61,9 @@ class SDModel final : public DiffusionModel {
   models::sd::UNet2DConditionModel unet_{nullptr};
   // The VAE runs in fp32 whatever the training dtype: SD's VAE overflows in fp16 (AI Toolkit and
   // kohya keep it in fp32 unless told otherwise), and it never trains.
-  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return load_vae(); }, at::kFloat, options_.device};
+  family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return load_vae(); }, at::kFloat, options_};
   family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return load_text_encoder(); }, options_.dtype,
-                                                         options_.device, options_.text_quantization};
+                                                         options_, options_.text_quantization};
   std::unique_ptr<models::CLIPTokenizer> tokenizer_;
   const lora::ComponentSpec unet_spec_ = lora::ComponentSpec::sd_unet();
   const lora::ComponentSpec text_spec_ = lora::ComponentSpec::text_encoder(0);

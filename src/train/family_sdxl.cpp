@@ -45,11 +45,11 @@ class SDXLModel final : public DiffusionModel {
   models::CLIPTokenizer tokenizer_;
   models::CLIPTokenizer tokenizer_2_;
   family::Releasable<models::sd::AutoencoderKL> vae_{[this] { return checkpoint_.load_vae(options_.vae_path); }, at::kFloat,
-                                                    options_.device};
+                                                    options_};
   family::Releasable<models::CLIPTextModel> text_encoder_{[this] { return checkpoint_.load_text_encoder(); }, options_.dtype,
-                                                         options_.device, options_.text_quantization};
+                                                         options_, options_.text_quantization};
   family::Releasable<models::CLIPTextModelWithProjection> text_encoder_2_{
-      [this] { return checkpoint_.load_text_encoder_2(); }, options_.dtype, options_.device, options_.text_quantization};
+      [this] { return checkpoint_.load_text_encoder_2(); }, options_.dtype, options_, options_.text_quantization};
   std::unique_ptr<lora::ComponentSpec> unet_spec_;
   const lora::ComponentSpec text_spec_ = lora::ComponentSpec::text_encoder(1);
   const lora::ComponentSpec text_spec_2_ = lora::ComponentSpec::text_encoder(2);

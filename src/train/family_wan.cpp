@@ -64,13 +64,13 @@ class WanModel final : public DiffusionModel {
   models::T5Tokenizer tokenizer_;
   // The VAE runs in fp32 (the pipelines upcast it); umT5 in the compute dtype, an fp8 file's codes
   // kept when it ends in fp8.
-  family::Releasable<wan::AutoencoderKLWan> vae_{[this] { return checkpoint_.load_vae(); }, at::kFloat, options_.device};
+  family::Releasable<wan::AutoencoderKLWan> vae_{[this] { return checkpoint_.load_vae(); }, at::kFloat, options_};
   family::Releasable<models::T5EncoderModel> text_encoder_{
       [this] {
         const bool fp8 = text_encoder_.quantization() == models::WeightQuantization::fp8_e4m3;
         return checkpoint_.load_text_encoder(options_.dtype, fp8);
       },
-      std::nullopt, options_.device, options_.text_quantization};
+      std::nullopt, options_, options_.text_quantization};
   const lora::ComponentSpec spec_ = lora::ComponentSpec::wan_transformer();
 };
 

@@ -536,8 +536,6 @@ void Trainer::open_device_memory() {
   memory_options.simulate_vram = p_->memory.simulate_vram.bytes;
   memory_options.vram_limit = p_->memory.vram_limit.bytes;
   memory_ = memory::make_device_memory(memory_options);
-  // Simulated VRAM stands in for a GPU, which keeps no packed convolution weights (packed_conv.h).
-  models::set_packed_convolutions(memory_->is_host());
   if (request_.on_memory_ready) request_.on_memory_ready(*memory_);
   memory::GuardOptions guard_options;
   guard_options.enabled = p_->memory.oom_guard.enabled;

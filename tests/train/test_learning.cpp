@@ -3,11 +3,8 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
-#include "loratrain/lora/network.h"
-#include "loratrain/optim/optimizer.h"
-#include "loratrain/sample/noise.h"
 #include "loratrain/train/diffusion_model.h"
-#include "loratrain/train/objective.h"
+#include "fixed_batch.h"
 #include "train_fixture.h"
 
 CATCH_TEST_CASE("a LoRA on each family's tiny base halves the loss on a fixed batch", "[train][learning]") {
@@ -26,41 +23,9 @@ CATCH_TEST_CASE("a LoRA on each family's tiny base halves the loss on a fixed ba
   net.linear = 8;
   net.linear_alpha = 8;
   lt::lora::LoRANetwork network(net);
-  for (const auto& target : model->lora_targets()) network->add_component(*target.spec, *target.root);
+  const auto fit = lt::test::fit_fixed_batch(*model, network, 1e-2, 100);
   CATCH_REQUIRE(network->count(true) > 0);
   CATCH_INFO("adapters " << network->count(true));
-  network->apply_to();
-  model->set_training(true);
-  auto optimizer = lt::optim::make_optimizer("adamw", network->trainable_parameters(), {});
-  const lt::train::TrainingObjective objective(model->traits(), {});
-
-  auto generator = lt::sample::make_generator(11);
-  const auto latents = lt::sample::randn({2, model->traits().latent_channels, 8, 8}, generator);
-  lt::train::Conditioning conditioning;
-  {
-    torch::NoGradGuard no_grad;
-    conditioning.text = model->encode_text({"a red circle", "a blue square"});
-  }
-  conditioning.images.assign(2, {64, 64, 0, 0, 64, 64});
-  const auto start = lt::sample::generator_state(generator);
-  // The same example every time: the generator goes back to where it was.
-  auto loss_now = [&] {
-    lt::sample::set_generator_state(generator, start);
-    return lt::train::training_loss(*model, objective, latents, conditioning, generator);
-  };
-  // At most 100 steps; the loop ends as soon as the loss is below half the first (the steps after
-  // that would only spend time).
-  const double first = loss_now().item<double>();
-  double last = first;
-  int steps = 0;
-  for (;; ++steps) {
-    optimizer->zero_grad();
-    auto loss = loss_now();
-    last = loss.item<double>();
-    if (last < 0.5 * first || steps == 100) break;
-    loss.backward();
-    optimizer->step(1e-2);
-  }
-  CATCH_INFO("loss " << first << " -> " << last << " after " << steps << " steps");
-  CATCH_CHECK(last < 0.5 * first);
+  CATCH_INFO("loss " << fit.first << " -> " << fit.last << " after " << fit.steps << " steps");
+  CATCH_CHECK(fit.last < 0.5 * fit.first);
 }

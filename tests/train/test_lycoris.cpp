@@ -8,14 +8,12 @@
 #include "loratrain/lora/format.h"
 #include "loratrain/lora/network.h"
 #include "loratrain/models/layers.h"
-#include "loratrain/optim/optimizer.h"
-#include "loratrain/sample/noise.h"
 #include "loratrain/train/diffusion_model.h"
-#include "loratrain/train/objective.h"
 #include "loratrain/train/trainer.h"
 #include "loratrain/util/error.h"
 
 #include <set>
+#include "fixed_batch.h"
 #include "train_fixture.h"
 
 using lt::lora::AdapterType;
@@ -119,41 +117,11 @@ CATCH_TEST_CASE("LoKr and LoHa on each family's tiny base halve the loss on a fi
   auto model = tiny_model(base);
   torch::manual_seed(3);  // after loading: the tiny bases are made on first use, from the same generator
   lt::lora::LoRANetwork network(adapter_config(kind));
-  for (const auto& target : model->lora_targets()) network->add_component(*target.spec, *target.root);
+  const auto fit = lt::test::fit_fixed_batch(*model, network, kind == "loha" ? 3e-2 : 1e-2, 80);
   CATCH_REQUIRE(network->count(true) > 0);
   for (const auto& m : network->modules()) CATCH_CHECK(m->type() != AdapterType::LoRA);
-  network->apply_to();
-  model->set_training(true);
-  auto optimizer = lt::optim::make_optimizer("adamw", network->trainable_parameters(), {});
-  const lt::train::TrainingObjective objective(model->traits(), {});
-
-  auto generator = lt::sample::make_generator(11);
-  const auto latents = lt::sample::randn({2, model->traits().latent_channels, 8, 8}, generator);
-  lt::train::Conditioning conditioning;
-  {
-    torch::NoGradGuard no_grad;
-    conditioning.text = model->encode_text({"a red circle", "a blue square"});
-  }
-  conditioning.images.assign(2, {64, 64, 0, 0, 64, 64});
-  const auto start = lt::sample::generator_state(generator);
-  auto loss_now = [&] {
-    lt::sample::set_generator_state(generator, start);
-    return lt::train::training_loss(*model, objective, latents, conditioning, generator);
-  };
-  // At most 80 steps; the loop ends as soon as the loss is below half the first.
-  const double first = loss_now().item<double>();
-  double last = first;
-  int steps = 0;
-  for (;; ++steps) {
-    optimizer->zero_grad();
-    auto loss = loss_now();
-    last = loss.item<double>();
-    if (last < 0.5 * first || steps == 80) break;
-    loss.backward();
-    optimizer->step(kind == "loha" ? 3e-2 : 1e-2);
-  }
-  CATCH_INFO("loss " << first << " -> " << last << " after " << steps << " steps");
-  CATCH_CHECK(last < 0.5 * first);
+  CATCH_INFO("loss " << fit.first << " -> " << fit.last << " after " << fit.steps << " steps");
+  CATCH_CHECK(fit.last < 0.5 * fit.first);
 }
 
 CATCH_TEST_CASE("LoKr and LoHa files merge under ComfyUI's rules to the trained weights and load back", "[lora][lycoris]") {

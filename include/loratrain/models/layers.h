@@ -69,9 +69,12 @@ class LinearImpl : public torch::nn::Module {
 TORCH_MODULE(Linear);
 
 // Mirrors torch.nn.Conv2d (groups = 1, dilation = 1). x: [N, C_in, H, W] -> [N, C_out, H', W'].
-// A frozen stride-1 convolution of a module in training mode runs on oneDNN-packed copies of its
-// weight on the CPU (packed_conv.h: two more copies of the weight, made on the first training
-// forward); a module in eval mode uses them once made and never makes them.
+// On the CPU a frozen convolution of a module in training mode takes a faster path (packed_conv.h):
+// a 1x1 stride-1 unpadded one runs as a matrix product over the channels; another stride-1
+// one runs on oneDNN-packed copies of its weight (two more copies, made on the first training
+// forward). Eval mode always takes the stock path and keeps the copies for the next training step:
+// the packed kernels round differently, and a preview must match `lora-train sample`'s image, which
+// never trains, bit for bit.
 class Conv2dImpl : public torch::nn::Module {
  public:
   Conv2dImpl(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
@@ -88,6 +91,10 @@ class Conv2dImpl : public torch::nn::Module {
   torch::Tensor bias;    // [out] or undefined
   std::shared_ptr<Adapter> adapter;
   PackedConvWeights packed_weights;
+  // Whether the CPU's faster paths above may run (AttentionOptions::cpu_speed_rule's counterpart):
+  // off where a CPU run stands for a GPU (memory.simulate_vram), whose convolutions keep no packed
+  // copies. The trainer sets it through its ComputeMode (train/diffusion_model.h).
+  bool cpu_speed_rule = true;
 };
 TORCH_MODULE(Conv2d);
 

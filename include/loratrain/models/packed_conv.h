@@ -11,23 +11,26 @@
 
 namespace lt::models {
 
-// Process-wide switch, on by default. The trainer turns it off under memory.simulate_vram: the
-// simulated budget stands in for a GPU, whose convolutions keep no packed copies, so a simulated
-// run keeps a GPU's memory profile. (The copies themselves come from c10's CPU allocator and are
-// counted: a full-size SD1.5 step's allocated bytes rise by exactly two copies of its weights.)
-void set_packed_convolutions(bool enabled);
-bool packed_convolutions_enabled();
 // Whether this LibTorch can run them: built with MKLDNN and not disabled at runtime.
 bool packed_convolutions_available();
+
+// A frozen 1x1 convolution (stride 1, no padding; the transformers' proj_in/proj_out and the
+// resnets' shortcuts) as a matrix product over the channels: per sample W [out, in] @ x [in, H*W]
+// in NCHW. OpenBLAS reads the plain weight as it is (transposed for the input gradient), so it
+// needs neither oneDNN's activation reorders nor packed copies.
+bool pointwise_conv_applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride, int64_t padding);
+// conv2d(x, weight, bias) for such a convolution; the input gradient only (the weight is frozen).
+at::Tensor pointwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // One Conv2d's packed copies, made on first use and again whenever the weight changes (new
 // storage, dtype, or an in-place write).
 class PackedConvWeights {
  public:
-  // Whether the packed path serves a stride-`stride` convolution with these tensors: the switch is
-  // on, the weight and bias are frozen CPU tensors in fp32 or bf16, and the stride is 1 (the input
-  // gradient of a strided convolution is not a plain convolution; those few keep the stock path).
-  static bool applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride);
+  // Whether the packed path serves a convolution with these tensors, stride and padding: the weight
+  // and bias are frozen CPU tensors in fp32 or bf16, the stride is 1 (the input gradient of a
+  // strided convolution is not a plain convolution; those few keep the stock path) and the padding
+  // at most k-1 (the input gradient's padding k-1-p cannot be negative).
+  static bool applies(const at::Tensor& weight, const at::Tensor& bias, int64_t stride, int64_t padding);
 
   // conv2d(x, weight, bias, stride 1, `padding`) on the packed weight, with the input gradient on
   // the packed transposed weight (packed when the input needs a gradient). x: [N, C_in, H, W].

@@ -103,8 +103,9 @@ struct ComputeMode {
   int64_t attention_chunk = 0;  // query rows at a time; 0 = the whole sequence
   bool vae_tiling = false;
   // A CPU run under memory.simulate_vram stands for a GPU: attention takes the configured path as
-  // the GPU would, not the CPU's faster blocks (models/attention_blocks.h), so that it runs out of
-  // memory where the GPU would and as the planner predicts.
+  // the GPU would, not the CPU's faster blocks (models/attention_blocks.h), and convolutions keep
+  // no packed weights (models/packed_conv.h), so that it runs out of memory where the GPU would and
+  // as the planner predicts.
   bool simulated_device = false;
 };
 

@@ -154,6 +154,7 @@ at::Tensor CLIPAttentionImpl::forward(const at::Tensor& x, const std::optional<a
   AttentionOptions options;
   options.causal = true;
   options.query_chunk = default_query_chunk();
+  options.cpu_speed_rule = cpu_speed_rule;
   at::Tensor o = attention(q, k, v, options, mask);  // [B, H, L, D]
   return out_proj(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}));
 }

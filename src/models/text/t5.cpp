@@ -200,6 +200,7 @@ at::Tensor T5AttentionImpl::forward(const at::Tensor& x, const at::Tensor& bias)
   options.scale = 1.0;    // no 1/sqrt(d_kv)
   options.upcast = true;  // softmax in fp32, as the reference
   options.query_chunk = default_query_chunk();
+  options.cpu_speed_rule = cpu_speed_rule;
   at::Tensor out = attention(query, key, value, options, bias.to(x.device()));  // [B, H, L, d_kv]
   return o(out.transpose(1, 2).reshape({b, l, num_heads * d_kv}));
 }

@@ -180,7 +180,9 @@ at::Tensor WanVaeAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor frames = norm(frames_as_batch(x));
   const at::Tensor qkv = to_qkv(frames).reshape({b * t, 1, 3 * c, h * w}).permute({0, 1, 3, 2});  // [BT, 1, HW, 3C]
   const auto parts = qkv.chunk(3, -1);
-  at::Tensor out = attention(parts[0], parts[1], parts[2]);  // [BT, 1, HW, C]
+  AttentionOptions options;
+  options.cpu_speed_rule = cpu_speed_rule;
+  at::Tensor out = attention(parts[0], parts[1], parts[2], options);  // [BT, 1, HW, C]
   out = out.squeeze(1).permute({0, 2, 1}).reshape({b * t, c, h, w});
   return batch_as_frames(proj(out), b, t) + x;
 }

@@ -84,6 +84,8 @@ class CLIPAttentionImpl : public torch::nn::Module {
   int64_t num_heads;
   int64_t head_dim;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  // AttentionOptions::cpu_speed_rule: off where a CPU run stands for a GPU (the trainer's ComputeMode).
+  bool cpu_speed_rule = true;
 };
 TORCH_MODULE(CLIPAttention);
 

@@ -107,6 +107,8 @@ class T5AttentionImpl : public torch::nn::Module {
   int64_t max_distance;
   Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr};  // [inner, d_model] / [d_model, inner], no bias
   torch::nn::Embedding relative_attention_bias{nullptr};  // [num_buckets, num_heads]; block 0 only in T5
+  // AttentionOptions::cpu_speed_rule: off where a CPU run stands for a GPU (the trainer's ComputeMode).
+  bool cpu_speed_rule = true;
 };
 TORCH_MODULE(T5Attention);
 

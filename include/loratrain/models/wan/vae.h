@@ -103,6 +103,8 @@ class WanVaeAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   VaeRMSNorm norm{nullptr};
   Conv2d to_qkv{nullptr}, proj{nullptr};
+  // AttentionOptions::cpu_speed_rule: off where a CPU run stands for a GPU (the trainer's ComputeMode).
+  bool cpu_speed_rule = true;
 };
 TORCH_MODULE(WanVaeAttention);
 
