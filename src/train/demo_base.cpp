@@ -98,18 +98,20 @@ nlohmann::json clip_vit_l_json(const models::CLIPTokenizer& tokenizer) {
 
 // `norm_groups`: GroupNorm groups of the tiny UNet and VAE (32, what single-file loaders assume; the
 // pretrained base uses fewer, see DemoPretrainOptions); `vae_levels`: 4 (SD's) or 3; `latent_size`: the
-// UNet's sample_size (latent cells of its native images).
+// UNet's sample_size (latent cells of its native images); `unet_width`: the UNet's first level
+// (64 for the random base; the pretrained base is narrower, see DemoPretrainOptions).
 DemoModels build_sd1(const models::CLIPTokenizer& tokenizer, bool full_size, int64_t norm_groups = 32, int vae_levels = 4,
-                     int64_t latent_size = 8) {
-  // UNet: SD1's block structure at 64/128 channels; heads = channels / 64 (the convention that
-  // UNetConfig::detect_from_weights reads back for non-768 context widths).
+                     int64_t latent_size = 8, int64_t unet_width = 64) {
+  // UNet: SD1's block structure at 64/128 channels (unet_width and twice it), heads of unet_width
+  // channels: at 64 that is heads = channels / 64, the convention that
+  // UNetConfig::detect_from_weights reads back for non-768 context widths.
   nlohmann::json unet_json = {
       {"sample_size", latent_size},
       {"in_channels", 4},
       {"out_channels", 4},
       {"down_block_types", {"CrossAttnDownBlock2D", "CrossAttnDownBlock2D"}},
       {"up_block_types", {"CrossAttnUpBlock2D", "CrossAttnUpBlock2D"}},
-      {"block_out_channels", {64, 128}},
+      {"block_out_channels", {unet_width, 2 * unet_width}},
       {"layers_per_block", 1},
       {"attention_head_dim", {1, 2}},
       {"cross_attention_dim", 64},
@@ -540,6 +542,13 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   if (pre.enabled && (pre.vae_image_size < 8 || pre.vae_image_size > 512 || pre.vae_image_size % 8 != 0)) {
     throw InputError("demo base: the autoencoder's training image size must be a multiple of 8 in 8..512");
   }
+  // A crop the VAE can halve down to one latent cell: a multiple of 8 up to its images' size.
+  if (pre.enabled && (pre.vae_crop < 0 || pre.vae_crop % 8 != 0 || pre.vae_crop > pre.vae_image_size)) {
+    throw InputError("demo base: the autoencoder's crop must be 0 (whole images) or a multiple of 8 up to its image size");
+  }
+  if (pre.enabled && (pre.unet_width < 8 || pre.unet_width > 512 || pre.unet_width % pre.norm_groups != 0)) {
+    throw InputError("demo base: the UNet's width must be in 8..512 and a multiple of the norm groups");
+  }
   if (pre.enabled && pre.vae_levels != 3 && pre.vae_levels != 4) {
     throw InputError("demo base: the pretrained VAE has 3 or 4 levels (4 or 8 pixels per latent cell)");
   }
@@ -576,7 +585,7 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
   const bool sdxl = options.arch == DemoArch::kSDXL;
   DemoModels models = sdxl ? build_sdxl(tokenizer, options.full_size)
                      : pre.enabled ? build_sd1(tokenizer, false, pre.norm_groups, pre.vae_levels,
-                                               pre.image_size >> (pre.vae_levels - 1))
+                                               pre.image_size >> (pre.vae_levels - 1), pre.unet_width)
                                    : build_sd1(tokenizer, options.full_size);
   if (pre.enabled) pretrain_sd_demo(models.unet, models.vae, models.text_encoder, tokenizer, pre, options.seed);
   // The pretrained base is a diffusers folder, whose configs carry its group count.

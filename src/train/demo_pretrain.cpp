@@ -46,6 +46,21 @@ at::Tensor batch_indices(data::Rng& rng, int64_t count, int batch) {
   return torch::tensor(idx, torch::kLong);
 }
 
+// A `size`-pixel square from a random place in each image (whole images when `size` is 0 or theirs):
+// the autoencoder's convolutions see the shapes at their own scale for a fraction of the cost.
+at::Tensor random_crops(const at::Tensor& images, int size, data::Rng& rng) {
+  const int64_t full = images.size(2);
+  if (size <= 0 || size >= full) return images;
+  std::vector<at::Tensor> crops;
+  crops.reserve(static_cast<size_t>(images.size(0)));
+  for (int64_t i = 0; i < images.size(0); ++i) {
+    const auto y = static_cast<int64_t>(rng.below(static_cast<uint64_t>(full - size + 1)));
+    const auto x = static_cast<int64_t>(rng.below(static_cast<uint64_t>(full - size + 1)));
+    crops.push_back(images[i].narrow(1, y, size).narrow(2, x, size));
+  }
+  return torch::stack(crops);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -60,7 +75,8 @@ void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions
   for (int step = 0; step < o.vae_steps; ++step) {
     // No warm-up: the autoencoder learned faster without (docs/benchmarks.md).
     set_lr(optimizer, learning_rate(o.vae_lr, step, o.vae_steps, 0));
-    const at::Tensor x = images.index_select(0, batch_indices(rng, images.size(0), o.vae_batch));
+    const at::Tensor x = random_crops(images.index_select(0, batch_indices(rng, images.size(0), o.vae_batch)),
+                                      o.vae_crop, rng);
     // A deterministic autoencoder: the posterior's mean is decoded (its variance is pinned below).
     const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
     optimizer.zero_grad();

@@ -1,7 +1,7 @@
 // The demo shows learning: lt-make-demo-base --pretrain gives a base that has learned shapes in the
 // palette's colours and draws the colours its prompts name, and the demo's LoRA (configs/demo.yaml)
 // teaches it a colour it never saw (cyan) under the trigger word "ltdemo", and only there. The
-// acceptance case ("[demo-full]") pretrains with the defaults (about 12 CPU minutes), so it is hidden
+// acceptance case ("[demo-full]") pretrains with the defaults (about 5 CPU minutes), so it is hidden
 // here and registered with ctest on its own as test_demo_full (label slow).
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
@@ -75,6 +75,15 @@ CATCH_TEST_CASE("pretraining is offered for the tiny SD1 base only, with a group
   options.pretrain.vae_levels = 4;
   options.pretrain.image_size = 40;  // 5 latent cells of 8: the UNet cannot halve them
   CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "size", options), lt::InputError);
+  options.pretrain.image_size = 32;
+  options.pretrain.vae_crop = 12;  // the VAE cannot halve 12 pixels three times
+  CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "crop", options), lt::InputError);
+  options.pretrain.vae_crop = 16;
+  options.pretrain.norm_groups = 8;
+  options.pretrain.unet_width = 44;  // not a multiple of the 8 groups
+  CATCH_CHECK_THROWS_AS(lt::train::write_demo_base(dir / "width", options), lt::InputError);
+  CATCH_CHECK_FALSE(fs::exists(dir / "crop"));
+  CATCH_CHECK_FALSE(fs::exists(dir / "width"));
   CATCH_CHECK_FALSE(fs::exists(dir / "sdxl"));
   CATCH_CHECK_FALSE(fs::exists(dir / "groups"));
   CATCH_CHECK_FALSE(fs::exists(dir / "levels"));
@@ -211,7 +220,13 @@ CATCH_TEST_CASE("the demo's LoRA draws the unseen colour with the trigger word a
   // 0.168-0.201 with, 0.002-0.023 without, red 0.80-0.88; the defaults end to end (a fresh
   // pretraining, 07:55 UTC) 0.200 with, 0.041 without. A LoRA on all default targets (cyan
   // 0.014-0.057, 0.027-0.082 without the word) or data whose captions always name a colour (0.164
-  // with, 0.080 without) fails them.
+  // with, 0.080 without) fails them. The faster defaults (docs/benchmarks.md "The demo base in a
+  // third of the time"): MSE 0.028-0.032, base red 0.69-0.82, LoRA cyan 0.104-0.154 with, 0
+  // without, red 0.52-1.0; shorter schedules and narrower UNets that fail them are listed there.
+  // On five distinct bases of those defaults the LoRA passed on three (cyan 0 and 0.056 on the
+  // others): its learning speed differs by base, and no recipe tried passed on all of them
+  // (docs/benchmarks.md "A demo LoRA for any base: not found yet"), so this case can fail on a
+  // fresh pretraining.
   CATCH_CHECK(mse < 0.06);  // each image's mean colour scores about 0.11
   // The base draws the colour a prompt names (the red background fills most of the picture) and
   // never the concept's.

@@ -28,17 +28,25 @@ struct DemoPretrainOptions {
   int vae_levels = 3;
   int image_size = 32;   // the diffusion model's square images (the demo's resolution), pixels
   int images = 512;      // captioned shape images (the autoencoder gets as many of its own)
-  int vae_steps = 800;   // batches of vae_batch
+  int vae_steps = 1200;  // batches of vae_batch
   int vae_batch = 16;
   double vae_lr = 1e-3;  // Adam's peak learning rate for the autoencoder
   // The autoencoder's training images (square, pixels; a multiple of 8): 32 costs a quarter of 64 per
   // image and learned faster for the CPU time than 64 did (docs/benchmarks.md).
   int vae_image_size = 32;
-  // 1500 rather than 500: only then does the base draw the colours its prompts name (docs/benchmarks.md,
-  // "A UNet that follows its captions").
-  int unet_steps = 1500;  // batches of unet_batch
-  int unet_batch = 16;
-  double unet_lr = 1e-3;  // Adam's peak learning rate for the UNet
+  // Random 16-pixel crops of those images (0: whole images): the shapes at their own scale for 40%
+  // of the CPU time per step. 1200 steps of them: 800 gave a held-out error of 0.049-0.059, and at
+  // 0.059 the base drew red as pink (docs/benchmarks.md, "The demo base in a third of the time");
+  // fewer steps, a smaller batch or a higher rate did not learn the colours.
+  int vae_crop = 16;
+  // The UNet: batch 32 at peak 2e-3 for 400 steps (a third of the images and CPU time of 1500 x 16
+  // at 1e-3): a base that draws the colours its prompts name and on which the demo's LoRA learns its
+  // concept. 300 steps, peak 3e-3, or 32/64 and 48/96 channels did not always give both
+  // (docs/benchmarks.md, "The demo base in a third of the time").
+  int unet_steps = 400;  // batches of unet_batch
+  int unet_batch = 32;
+  int unet_width = 64;    // channels of the UNet's first level (the second has twice as many)
+  double unet_lr = 2e-3;  // Adam's peak learning rate for the UNet
 };
 
 struct DemoBaseOptions {

@@ -1,6 +1,7 @@
 // lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell|wan21] [--diffusers] [--seed N] [--full-size]
 //                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N] [--norm-groups N]
-//                   [--vae-image-size N] [--vae-levels 3|4] [--image-size N] [--vae-lr LR]]:
+//                   [--vae-image-size N] [--vae-levels 3|4] [--image-size N] [--vae-lr LR] [--vae-batch N]
+//                   [--vae-crop N] [--unet-lr LR] [--unet-batch N] [--unet-width N]]:
 // writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
 // shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
@@ -34,9 +35,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--vae-image-size", pre.vae_image_size, "size of the autoencoder's square training images (multiple of 8)")
       ->capture_default_str();
+  app.add_option("--vae-batch", pre.vae_batch, "autoencoder batch size")->capture_default_str();
+  app.add_option("--vae-crop", pre.vae_crop, "train the autoencoder on random square crops of this many pixels (0: whole images)")
+      ->capture_default_str();
   app.add_option("--unet-steps", pre.unet_steps, "UNet steps (batches of " + std::to_string(pre.unet_batch) + ")")
       ->capture_default_str();
   app.add_option("--unet-lr", pre.unet_lr, "the UNet's peak learning rate (Adam)")->capture_default_str();
+  app.add_option("--unet-width", pre.unet_width, "channels of the UNet's first level (the second: twice as many)")
+      ->capture_default_str();
   app.add_option("--unet-batch", pre.unet_batch, "UNet batch size")->capture_default_str();
   app.add_option("--vae-levels", pre.vae_levels, "levels of the pretrained VAE: 3 (4 pixels per latent cell) or 4 (8, SD's)")
       ->capture_default_str();
