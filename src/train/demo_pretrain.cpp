@@ -12,11 +12,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <functional>
+#include <thread>
 
 #include "loratrain/data/demo_data.h"
 #include "loratrain/data/rng.h"
 #include "loratrain/io/image.h"
 #include "loratrain/sample/scheduler.h"
+#include "loratrain/util/blas_threads.h"
 
 namespace lt::train {
 
@@ -65,6 +69,39 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Runs backward for a batch's loss as two halves side by side, each on one thread, and returns the
+// batch's mean loss; loss_of(begin, end) is the mean loss of rows [begin, end). The demo's tensors
+// are too small for LibTorch's or OpenBLAS's threads to split (the pretraining ran as fast on one
+// thread as on two, docs/benchmarks.md); two halves keep two cores busy. Autograd accumulates both
+// halves' gradients into the shared weights under its own lock.
+double backward_in_halves(int64_t batch, const std::function<at::Tensor(int64_t, int64_t)>& loss_of) {
+  if (std::thread::hardware_concurrency() < 2 || batch < 2) {
+    const at::Tensor loss = loss_of(0, batch);
+    loss.backward();
+    return loss.item<double>();
+  }
+  double losses[2] = {0.0, 0.0};
+  std::exception_ptr errors[2];
+  auto half = [&](int i, int64_t begin, int64_t end) {
+    try {
+      at::set_num_threads(1);
+      const at::Tensor loss = loss_of(begin, end) * (static_cast<double>(end - begin) / static_cast<double>(batch));
+      loss.backward();
+      losses[i] = loss.item<double>();
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  std::thread first(half, 0, 0, batch / 2);
+  std::thread second(half, 1, batch / 2, batch);
+  first.join();
+  second.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  return losses[0] + losses[1];
+}
+
 void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions& o, uint64_t seed) {
   const at::Tensor images =
       stack_images(data::make_shape_images(o.images, o.vae_image_size, seed + 1, data::ShapeColours::random));
@@ -78,13 +115,14 @@ void train_autoencoder(models::sd::AutoencoderKL& vae, const DemoPretrainOptions
     const at::Tensor x = random_crops(images.index_select(0, batch_indices(rng, images.size(0), o.vae_batch)),
                                       o.vae_crop, rng);
     // A deterministic autoencoder: the posterior's mean is decoded (its variance is pinned below).
-    const at::Tensor loss = torch::mse_loss(vae->decode(vae->encode(x).mean), x);
     optimizer.zero_grad();
-    loss.backward();
+    const double loss = backward_in_halves(x.size(0), [&](int64_t begin, int64_t end) {
+      const at::Tensor part = x.slice(0, begin, end);
+      return torch::mse_loss(vae->decode(vae->encode(part).mean), part);
+    });
     optimizer.step();
     if (step % 50 == 0 || step + 1 == o.vae_steps) {
-      spdlog::info("pretrain vae: step {}/{} loss {:.4f} ({:.0f} s)", step + 1, o.vae_steps, loss.item<double>(),
-                   seconds_since(start));
+      spdlog::info("pretrain vae: step {}/{} loss {:.4f} ({:.0f} s)", step + 1, o.vae_steps, loss, seconds_since(start));
     }
   }
   vae->eval();
@@ -183,11 +221,13 @@ void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::Autoenc
     const at::Tensor acp = alphas_cumprod.index_select(0, t).view({-1, 1, 1, 1});
     const at::Tensor noisy = acp.sqrt() * x0 + (1.0 - acp).sqrt() * noise;
     const at::Tensor context = contexts.index_select(0, caption_idx);
-    const at::Tensor loss = torch::mse_loss(unet->forward(noisy, t, context), noise);
     optimizer.zero_grad();
-    loss.backward();
+    const double loss = backward_in_halves(x0.size(0), [&](int64_t begin, int64_t end) {
+      return torch::mse_loss(unet->forward(noisy.slice(0, begin, end), t.slice(0, begin, end), context.slice(0, begin, end)),
+                             noise.slice(0, begin, end));
+    });
     optimizer.step();
-    running = step == 0 ? loss.item<double>() : 0.95 * running + 0.05 * loss.item<double>();
+    running = step == 0 ? loss : 0.95 * running + 0.05 * loss;
     if (step % 100 == 0 || step + 1 == o.unet_steps) {
       spdlog::info("pretrain unet: step {}/{} loss {:.4f} ({:.0f} s)", step + 1, o.unet_steps, running,
                    seconds_since(start));
@@ -201,6 +241,9 @@ void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::Autoenc
 void pretrain_sd_demo(models::sd::UNet2DConditionModel& unet, models::sd::AutoencoderKL& vae,
                       models::CLIPTextModel& text_encoder, const models::CLIPTokenizer& tokenizer,
                       const DemoPretrainOptions& options, uint64_t seed) {
+  // backward_in_halves puts one half of each batch on each core: OpenBLAS's own threads would only
+  // contend with them (the pretraining took 35 s with two, 22.5 s with one, docs/benchmarks.md).
+  util::set_openblas_threads(1);
   train_autoencoder(vae, options, seed);
   train_diffusion(unet, vae, text_encoder, tokenizer, options, seed);
 }

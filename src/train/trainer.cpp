@@ -49,6 +49,7 @@
 #include "loratrain/train/preview.h"
 #include "loratrain/train/progress.h"
 #include "loratrain/util/atomic_file.h"
+#include "loratrain/util/blas_threads.h"
 #include "loratrain/util/error.h"
 #include "loratrain/util/log.h"
 #include "loratrain/util/strings.h"
@@ -89,8 +90,7 @@ void configure_cpu_threads() {
   // does not depend on which BLAS Debian's alternatives select.
   int blas_threads = std::max(1, threads);
   if (const char* env = std::getenv("LT_BLAS_THREADS")) blas_threads = std::max(1, std::atoi(env));
-  using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(blas_threads);
+  util::set_openblas_threads(blas_threads);
 }
 
 namespace {
