@@ -80,8 +80,29 @@ const DemoColour kDemoConceptColour = {"cyan", 40, 200, 210};
 
 bool is_concept_pixel(const uint8_t* rgb) { return rgb[0] < 120 && rgb[1] > 140 && rgb[2] > 140; }
 
-std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, ShapeColours colours) {
+bool is_unseen_colour(const uint8_t* rgb, const DemoColour& background) {
+  // 20 levels of margin around the concept region: a model that never saw these colours does not
+  // drift into the concept's, and draws the colours around it.
+  auto near_concept = [](double r, double g, double b) { return r < 140 && g > 120 && b > 120; };
+  // The shape's antialiased edge blends it with the background.
+  for (int k = 0; k <= 16; ++k) {
+    const double a = k / 16.0;
+    if (near_concept(rgb[0] + a * (background.r - rgb[0]), rgb[1] + a * (background.g - rgb[1]),
+                     rgb[2] + a * (background.b - rgb[2]))) {
+      return false;
+    }
+  }
+  for (const Colour& c : kColours) {
+    const double dr = rgb[0] - c.r, dg = rgb[1] - c.g, db = rgb[2] - c.b;
+    if (dr * dr + dg * dg + db * db < 60.0 * 60.0) return false;
+  }
+  return true;
+}
+
+std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, ShapeColours colours,
+                                          const OtherColourWords& others) {
   if (count < 1) throw InputError("demo shapes: count must be at least 1");
+  if (!(others.share >= 0.0 && others.share <= 1.0)) throw InputError("demo shapes: the other words' share must be in [0, 1]");
   Rng rng(mix_seed({seed, 0x5348415045ull}));
   std::vector<ShapeImage> out;
   out.reserve(static_cast<size_t>(count));
@@ -100,10 +121,25 @@ std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, Sh
       bg = kColours[b];
     }
     const ShapePlacement p = place(rng, size, size);
-    ShapeImage item;
-    item.image = draw(size, size, shape, fg, bg, p.cx, p.cy, p.r);
     // A quarter leave the shape's colour out, so a prompt without one still draws a (palette) colour.
-    const std::string subject = rng.below(4) == 0 ? std::string(kShapes[shape]) : std::string(fg.name) + " " + kShapes[shape];
+    const bool named = rng.below(4) != 0;
+    std::string colour_word = fg.name;
+    bool other_word = false;
+    // (No draw without other words: the palette captions stay as they were.)
+    if (named && colours == ShapeColours::palette && !others.words.empty() && others.share > 0 &&
+        rng.uniform() < others.share) {
+      other_word = true;
+      colour_word = others.words[rng.below(others.words.size())];
+      uint8_t rgb[3];
+      do {
+        for (auto& v : rgb) v = static_cast<uint8_t>(rng.below(256));
+      } while (!is_unseen_colour(rgb, bg));
+      fg = {"", rgb[0], rgb[1], rgb[2]};
+    }
+    ShapeImage item;
+    item.other_word = other_word;
+    item.image = draw(size, size, shape, fg, bg, p.cx, p.cy, p.r);
+    const std::string subject = named ? colour_word + " " + kShapes[shape] : std::string(kShapes[shape]);
     item.caption = article(subject) + subject + " on " + article(bg.name) + bg.name + " background";
     out.push_back(std::move(item));
   }

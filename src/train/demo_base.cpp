@@ -539,6 +539,9 @@ void write_demo_base(const fs::path& out_dir, const DemoBaseOptions& options) {
                       !(pre.vae_lr > 0 && pre.vae_lr < 1) || !(pre.unet_lr > 0 && pre.unet_lr < 1))) {
     throw InputError("demo base: pretraining images, steps and batch sizes must be at least 1, the learning rates in (0, 1)");
   }
+  if (pre.enabled && !(pre.other_words_share >= 0 && pre.other_words_share <= 1)) {
+    throw InputError("demo base: the share of other words in the colour's place must be in [0, 1]");
+  }
   if (pre.enabled && (pre.vae_image_size < 8 || pre.vae_image_size > 512 || pre.vae_image_size % 8 != 0)) {
     throw InputError("demo base: the autoencoder's training image size must be a multiple of 8 in 8..512");
   }

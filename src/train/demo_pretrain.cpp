@@ -168,10 +168,38 @@ void normalize_latents(models::sd::AutoencoderKL& vae, const at::Tensor& images)
   post->weight.div_(a.view({1, c, 1, 1}));
 }
 
+// Each caption with another word in the colour's place (ShapeImage::other_word) reads a word of its
+// own: the placeholder's token embedding is replaced by a fresh draw from the distribution all the
+// (untrained) encoder's token embeddings were drawn from, so the UNet learns to draw a shape for any
+// word there, the trigger word included, whose embedding is one more such draw. Overwrites those
+// captions' rows of `contexts`.
+void read_other_words(models::CLIPTextModel& text_encoder, const models::CLIPTokenizer& tokenizer, const at::Tensor& tokens,
+                      const std::vector<data::ShapeImage>& items, const std::string& placeholder, at::Tensor& contexts) {
+  torch::NoGradGuard no_grad;
+  at::Tensor table = text_encoder->text_model->embeddings->token_embedding->weight;
+  const int64_t id = tokenizer.encode_batch({placeholder}).front().input_ids.at(1);  // after the start token
+  const at::Tensor kept = table[id].clone();
+  const double spread = table.std().item<double>();
+  int64_t others = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].other_word) continue;
+    table[id].copy_(torch::randn_like(kept) * spread);
+    contexts[static_cast<int64_t>(i)].copy_(
+        text_encoder->forward(tokens.narrow(0, static_cast<int64_t>(i), 1)).last_hidden_state[0]);
+    ++others;
+  }
+  table[id].copy_(kept);
+  spdlog::info("pretrain: {} of {} captions with another word in the colour's place", others, items.size());
+}
+
 void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::AutoencoderKL& vae,
                      models::CLIPTextModel& text_encoder, const models::CLIPTokenizer& tokenizer,
                      const DemoPretrainOptions& o, uint64_t seed) {
-  auto items = data::make_shape_images(o.images, o.image_size, seed + 2, data::ShapeColours::palette);
+  // The other word's place is taken by a placeholder (a word of the demo vocabulary that names no
+  // colour or drawn shape) whose token embedding is drawn anew for each such caption below.
+  const std::string placeholder = "photo";
+  auto items = data::make_shape_images(o.images, o.image_size, seed + 2, data::ShapeColours::palette,
+                                       {{placeholder}, o.other_words_share});
   const at::Tensor images = stack_images(items);
   normalize_latents(vae, images);
   at::Tensor latents;
@@ -197,6 +225,7 @@ void train_diffusion(models::sd::UNet2DConditionModel& unet, models::sd::Autoenc
     torch::NoGradGuard no_grad;
     text_encoder->eval();
     contexts = text_encoder->forward(tokens).last_hidden_state;
+    if (o.other_words_share > 0) read_other_words(text_encoder, tokenizer, tokens, items, placeholder, contexts);
   }
 
   const sample::DDPMScheduler schedule(sample::DDPMSchedulerConfig::from_json(sample::default_scheduler_config("sd15")));

@@ -40,14 +40,33 @@ bool is_concept_pixel(const uint8_t* rgb);
 struct ShapeImage {
   io::Image image;
   std::string caption;  // "a red circle on a blue background"; a quarter name no shape colour
+  bool other_word = false;  // another word in the colour's place (OtherColourWords)
 };
 
 // How the shapes of make_shape_images are coloured: the caption palette (never the concept colour),
 // or uniformly random RGB (for an autoencoder that must reproduce any colour).
 enum class ShapeColours { palette, random };
 
+// Palette captions that now and then put another word in the colour's place: a `share` of the
+// captions that name the shape's colour name one of `words` instead, and the shape is painted in a
+// random colour away from the palette's and the concept colour's (is_unseen_colour). Meant to teach a
+// diffusion model to read the colour's place for any word and to draw colours outside the palette,
+// so that a LoRA need only steer a word it already reads into a colour it can already draw
+// (docs/benchmarks.md, "Teaching the base to read any word in the colour's place", says how far
+// that went).
+struct OtherColourWords {
+  std::vector<std::string> words;  // none: palette colours only
+  double share = 0.0;
+};
+
 // `count` square images of `size` pixels with captions, in memory: the demo base's pretraining data.
-std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, ShapeColours colours);
+std::vector<ShapeImage> make_shape_images(int count, int size, uint64_t seed, ShapeColours colours,
+                                          const OtherColourWords& others = {});
+
+// Whether an RGB colour is far from every palette colour and from the concept colour, and a shape in
+// it drawn on palette colour `background` leaves no concept-coloured edge (the blend of the two stays
+// outside a margin around is_concept_pixel's region).
+bool is_unseen_colour(const uint8_t* rgb, const DemoColour& background);
 
 struct DemoItem {
   std::string stem;  // "shape_0000"

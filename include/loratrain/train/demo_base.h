@@ -47,6 +47,12 @@ struct DemoPretrainOptions {
   int unet_batch = 32;
   int unet_width = 64;    // channels of the UNet's first level (the second has twice as many)
   double unet_lr = 2e-3;  // Adam's peak learning rate for the UNet
+  // The share of the UNet's captions that name a shape colour in which another word takes the
+  // colour's place (a placeholder whose token embedding is drawn anew for each caption, as the
+  // trigger word's was) and the shape has a colour outside the palette, away from the concept's
+  // (data::OtherColourWords). Off: at 0.25 the demo's LoRA passed on one of four bases
+  // (docs/benchmarks.md, "Teaching the base to read any word in the colour's place").
+  double other_words_share = 0.0;
 };
 
 struct DemoBaseOptions {

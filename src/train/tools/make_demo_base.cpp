@@ -1,7 +1,8 @@
 // lt-make-demo-base OUT_DIR [--arch sd1|sdxl|flux|flux-schnell|wan21] [--diffusers] [--seed N] [--full-size]
 //                   [--dtype D] [--pretrain [--pretrain-images N] [--vae-steps N] [--unet-steps N] [--norm-groups N]
 //                   [--vae-image-size N] [--vae-levels 3|4] [--image-size N] [--vae-lr LR] [--vae-batch N]
-//                   [--vae-crop N] [--unet-lr LR] [--unet-batch N] [--unet-width N]]:
+//                   [--vae-crop N] [--unet-lr LR] [--unet-batch N] [--unet-width N]
+//                   [--other-words-share S]]:
 // writes the embedded demo's tiny base model (random weights, or with --pretrain trained on generated
 // shapes) and its vocabulary; see train/demo_base.h.
 #include <CLI/CLI.hpp>
@@ -44,6 +45,10 @@ int main(int argc, char** argv) {
   app.add_option("--unet-width", pre.unet_width, "channels of the UNet's first level (the second: twice as many)")
       ->capture_default_str();
   app.add_option("--unet-batch", pre.unet_batch, "UNet batch size")->capture_default_str();
+  app.add_option("--other-words-share", pre.other_words_share,
+                 "share of the UNet's colour-naming captions with another word in the colour's place and the shape in "
+                 "a colour outside the palette")
+      ->capture_default_str();
   app.add_option("--vae-levels", pre.vae_levels, "levels of the pretrained VAE: 3 (4 pixels per latent cell) or 4 (8, SD's)")
       ->capture_default_str();
   app.add_option("--image-size", pre.image_size, "the pretrained base's square image size (pixels)")->capture_default_str();
