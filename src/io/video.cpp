@@ -3,6 +3,7 @@
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
+#include <libavutil/cpu.h>
 #include <libavutil/display.h>
 #include <libavutil/error.h>
 #include <libavutil/imgutils.h>
@@ -615,6 +616,10 @@ void write_video(const fs::path& path, const std::vector<Image>& frames, int fps
   if (encoder_name == "libx264") {
     av_opt_set(enc->priv_data, "preset", "veryfast", 0);
     av_opt_set(enc->priv_data, "crf", "18", 0);
+    // x264's AVX-512 routines read memory it never wrote: the same frames then encode to different
+    // bytes from one call to the next (measured: a second write of the same clip differed in most
+    // runs). Its AVX2 level encodes them identically, here and on processors without AVX-512.
+    if (av_get_cpu_flags() & AV_CPU_FLAG_AVX512) av_opt_set(enc->priv_data, "x264-params", "asm=AVX2", 0);
   } else if (encoder_name == "libvpx-vp9" || encoder_name == "libvpx") {
     av_opt_set(enc->priv_data, "deadline", "realtime", 0);
     av_opt_set(enc->priv_data, "cpu-used", "8", 0);

@@ -1,5 +1,7 @@
 #include "loratrain/models/layers.h"
 
+#include "loratrain/models/checkpointing.h"
+
 #include <torch/nn/functional.h>
 #include <torch/nn/init.h>
 #include <torch/torch.h>
@@ -195,7 +197,11 @@ torch::Tensor Conv2dImpl::forward(const torch::Tensor& x) {
     if (packed_weights.packed()) packed_weights.reset();
     y = pointwise_conv(x.to(weight.scalar_type()), weight, bias);
   } else if (is_training()) {
-    y = packed_weights.forward(x.to(weight.scalar_type()), weight, bias, padding);
+    // In a checkpointed segment that keeps results, the recomputation takes back the forward's
+    // output instead of convolving again (one [C_out, H, W] tensor against 9 C_in multiply-adds per
+    // element); the input gradient needs only the weight.
+    y = packed_weights.forward(x.to(weight.scalar_type()), weight, bias, padding, kept_result());
+    keep_for_recompute(y);
   }
   if (!y.defined()) y = torch::conv2d(x.to(weight.scalar_type()), weight, bias, {stride, stride}, {padding, padding});
   if (adapter) y = y + adapter->delta(x).to(y.scalar_type());

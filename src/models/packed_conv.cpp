@@ -36,16 +36,18 @@ struct PackedArgs {
 // y = conv2d(x, W, b) on the packed weight; dL/dx = conv2d(dL/dy, flip(W)^T, padding k-1-p) on the
 // packed transposed copy. Weight and bias are frozen: no gradient for them.
 struct PackedConvFunction : public torch::autograd::Function<PackedConvFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const PackedArgs* args) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const PackedArgs* args,
+                            const at::Tensor* known) {
     ctx->saved_data["weight_t"] = args->backward;
     ctx->saved_data["padding"] = args->kernel - 1 - args->padding;
+    if (known != nullptr) return *known;
     return convolve(x, args->forward, args->bias, args->padding);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     const at::Tensor weight_t = ctx->saved_data["weight_t"].toTensor();
     const int64_t padding = ctx->saved_data["padding"].toInt();
-    return {convolve(grad_outputs[0], weight_t, at::Tensor(), padding), at::Tensor()};
+    return {convolve(grad_outputs[0], weight_t, at::Tensor(), padding), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -119,7 +121,7 @@ bool PackedConvWeights::applies(const at::Tensor& weight, const at::Tensor& bias
 }
 
 at::Tensor PackedConvWeights::forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                      int64_t padding) {
+                                      int64_t padding, const at::Tensor& known) {
   const int64_t kernel = weight.size(2);
   if (source_ != weight.data_ptr() || source_version_ != weight._version() || padding_ != padding ||
       (forward_.defined() && forward_.scalar_type() != weight.scalar_type())) {
@@ -131,9 +133,9 @@ at::Tensor PackedConvWeights::forward(const at::Tensor& x, const at::Tensor& wei
   }
   const bool input_grad = at::GradMode::is_enabled() && x.requires_grad();
   if (input_grad && !backward_.defined()) backward_ = pack(weight.flip({2, 3}).transpose(0, 1), kernel - 1 - padding);
-  if (!input_grad) return convolve(x, forward_, bias, padding);
+  if (!input_grad) return known.defined() ? known : convolve(x, forward_, bias, padding);
   const PackedArgs args{forward_, backward_, bias, padding, kernel};
-  return PackedConvFunction::apply(x, &args);
+  return PackedConvFunction::apply(x, &args, known.defined() ? &known : nullptr);
 }
 
 int64_t PackedConvWeights::bytes() const {

@@ -10,6 +10,7 @@
 
 #include "loratrain/models/attention_blocks.h"
 #include "loratrain/playbook/vocabulary.h"
+#include "loratrain/util/cpu_features.h"
 
 namespace lt::plan {
 
@@ -82,6 +83,10 @@ struct Compute {
   int64_t query_block(int64_t query_rows, int64_t key_rows) const {
     return models::query_block_rows(query_rows, key_rows, attention_chunk, host && !simulated_device, bytes);
   }
+  // Whether training runs frozen stride-1 convolutions on packed oneDNN weights
+  // (models/packed_conv.h: on the CPU in fp32, or in bf16 with AVX-512); a checkpointed resnet keeps
+  // their outputs for its recomputation.
+  bool packed_convolutions() const { return host && !simulated_device && (bytes == 4 || util::cpu_has_avx512_core()); }
 };
 
 class Architecture {

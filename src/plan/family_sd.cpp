@@ -8,8 +8,8 @@
 // the LayerNorm outputs, q/k/v copies, the softmax probabilities (unless attention is chunked:
 // BlockedAttention keeps q, k, v only), the GEGLU projection and the residual sums. Gradient
 // checkpointing (resnets and transformer blocks) keeps each block's output (and a transformer
-// block's blocked attention outputs, which its recomputation takes back) and recomputes one
-// block at a time in backward. The factors below are element counts of those tensors, checked
+// block's blocked attention outputs and a resnet's convolution outputs on packed weights, which
+// the recomputation takes back) and recomputes one block at a time in backward. The factors below are element counts of those tensors, checked
 // against measured peaks (tests/plan/test_plan_accuracy.cpp, docs/benchmarks.md); none is fitted.
 #include <algorithm>
 #include <cstdint>
@@ -45,7 +45,7 @@ struct BlockCost {
   int64_t transient = 0;  // extra while the block's backward (or no-grad forward) runs
   int64_t output = 0;     // the block's output (kept by the next block, and as a skip)
   int64_t fp32_copies = 0;  // LoRA's fp32 copies of its inputs (only when computing in 16 bits)
-  int64_t kept = 0;         // kept besides the output when checkpointed (blocked attention outputs)
+  int64_t kept = 0;         // kept besides the output when checkpointed (blocked attention, packed convolutions)
   bool checkpointed = false;
 };
 
@@ -76,7 +76,7 @@ class SDArchitecture final : public Architecture {
 
  private:
   Tally walk_unet(const Shape& s, const Compute& c, bool training) const;
-  BlockCost resnet(int64_t b, int64_t cin, int64_t cout, int64_t hw, bool concat_input) const;
+  BlockCost resnet(int64_t b, int64_t cin, int64_t cout, int64_t hw, bool concat_input, const Compute& comp) const;
   std::vector<BlockCost> transformer(int64_t b, size_t level, int64_t c, int64_t hw, const Compute& comp,
                                      bool training) const;
 
@@ -86,13 +86,17 @@ class SDArchitecture final : public Architecture {
   std::vector<int64_t> text_widths_;
 };
 
-BlockCost SDArchitecture::resnet(int64_t b, int64_t cin, int64_t cout, int64_t hw, bool concat_input) const {
+BlockCost SDArchitecture::resnet(int64_t b, int64_t cin, int64_t cout, int64_t hw, bool concat_input,
+                                 const Compute& comp) const {
   const int64_t n_in = b * cin * hw, n_out = b * cout * hw;
   BlockCost r;
   // norm1 and SiLU outputs (in channels), the time-embedding sum, norm2 and SiLU outputs.
   r.saved = 2 * n_in + 3 * n_out + (concat_input ? n_in : 0);
   r.transient = 2 * std::max(n_in, n_out);
   r.output = n_out;
+  // Checkpointed, the two 3x3 convolutions' outputs stay until the resnet's backward when they run
+  // on packed weights (the recomputation takes them back).
+  r.kept = comp.packed_convolutions() ? 2 * n_out : 0;
   r.checkpointed = true;
   return r;
 }
@@ -156,7 +160,7 @@ Tally SDArchitecture::walk_unet(const Shape& s, const Compute& comp, bool traini
   int64_t prev = ch[0];
   for (size_t i = 0; i < levels; ++i) {
     for (int64_t r = 0; r < unet_.layers_per_block.at(i); ++r) {
-      t.blocks.push_back(resnet(b, prev, ch[i], h * w, false));
+      t.blocks.push_back(resnet(b, prev, ch[i], h * w, false, comp));
       prev = ch[i];
       if (unet_.down_has_attention(i)) {
         for (const auto& blk : transformer(b, i, ch[i], h * w, comp, training)) t.blocks.push_back(blk);
@@ -173,9 +177,9 @@ Tally SDArchitecture::walk_unet(const Shape& s, const Compute& comp, bool traini
     }
   }
   // mid: resnet, attention, resnet
-  t.blocks.push_back(resnet(b, prev, prev, h * w, false));
+  t.blocks.push_back(resnet(b, prev, prev, h * w, false, comp));
   for (const auto& blk : transformer(b, levels - 1, prev, h * w, comp, training)) t.blocks.push_back(blk);
-  t.blocks.push_back(resnet(b, prev, prev, h * w, false));
+  t.blocks.push_back(resnet(b, prev, prev, h * w, false, comp));
   for (const auto& [c, hw] : skips) t.skips += b * c * hw;
   // up path: reversed levels, layers + 1 resnets each on the concatenated skip
   for (size_t j = 0; j < levels; ++j) {
@@ -183,7 +187,7 @@ Tally SDArchitecture::walk_unet(const Shape& s, const Compute& comp, bool traini
     for (int64_t r = 0; r <= unet_.layers_per_block.at(level); ++r) {
       const int64_t skip_channels = skips.back().first;
       skips.pop_back();
-      t.blocks.push_back(resnet(b, prev + skip_channels, ch[level], h * w, true));
+      t.blocks.push_back(resnet(b, prev + skip_channels, ch[level], h * w, true, comp));
       prev = ch[level];
       if (unet_.up_has_attention(j)) {
         for (const auto& blk : transformer(b, level, ch[level], h * w, comp, training)) t.blocks.push_back(blk);

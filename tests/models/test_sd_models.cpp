@@ -1,5 +1,6 @@
 // SD UNet / VAE structure, configs, attention chunking and gradient checkpointing on tiny configs.
 // Numerical parity with diffusers is test_parity's job; these check the properties around it.
+#include <ATen/record_function.h>
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -10,6 +11,7 @@
 #include "loratrain/models/attention.h"
 #include "loratrain/models/attention_blocks.h"
 #include "loratrain/models/checkpointing.h"
+#include "loratrain/models/packed_conv.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/util/error.h"
 #include "test_support.h"
@@ -357,6 +359,58 @@ CATCH_TEST_CASE("checkpointed transformer block with blocked attention: same gra
     CATCH_CHECK((off[i] - on[i]).abs().max().item<double>() <= 1e-5);
   }
   block->attn1->to_v->adapter.reset();
+}
+
+namespace {
+// oneDNN convolutions run on this thread (the packed path's forward and input gradient alike).
+int g_convolutions = 0;
+std::unique_ptr<at::ObserverContext> count_convolution(const at::RecordFunction& fn) {
+  if (std::string(fn.name()) == "aten::mkldnn_convolution") ++g_convolutions;
+  return nullptr;
+}
+}  // namespace
+
+CATCH_TEST_CASE("checkpointed resnet on packed convolutions: same gradients, no convolution run again",
+                "[checkpointing]") {
+  if (!packed_convolutions_available()) {
+    CATCH_WARN("this LibTorch has no oneDNN convolutions");
+    return;
+  }
+  ResnetBlock2DOptions o;
+  o.in_channels = 8;
+  o.out_channels = 16;  // with a 1x1 shortcut (a matrix product, not a convolution, on this path)
+  o.temb_channels = 12;
+  o.groups = 4;
+  ResnetBlock2D block(o);
+  block->train();
+  for (auto* conv : {&block->conv1, &block->conv2, &block->conv_shortcut}) {
+    (*conv)->weight.set_requires_grad(false);
+    (*conv)->bias.set_requires_grad(false);
+  }
+  torch::manual_seed(5);
+  const at::Tensor x = torch::randn({2, 8, 8, 8}), temb = torch::randn({2, 12});
+  auto run = [&](bool on, int& convolutions) {
+    block->gradient_checkpointing = on;
+    block->zero_grad();
+    at::Tensor xi = x.clone().set_requires_grad(true);
+    g_convolutions = 0;
+    const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(count_convolution));
+    block->forward(xi, temb).pow(2).sum().backward();
+    at::removeCallback(handle);
+    convolutions = g_convolutions;
+    return std::vector<at::Tensor>{xi.grad().clone(), block->norm1->weight.grad().clone(),
+                                   block->norm2->weight.grad().clone(), block->time_emb_proj->weight.grad().clone()};
+  };
+  int plain_convolutions = 0, checkpointed_convolutions = 0;
+  const auto off = run(false, plain_convolutions), on = run(true, checkpointed_convolutions);
+  for (size_t i = 0; i < off.size(); ++i) {
+    CATCH_INFO("gradient " << i);
+    CATCH_CHECK(off[i].abs().sum().item<double>() > 0);
+    CATCH_CHECK((off[i] - on[i]).abs().max().item<double>() <= 1e-5);
+  }
+  // Two forward, two input gradients; the recomputation takes the forward's outputs back.
+  CATCH_CHECK(plain_convolutions == 4);
+  CATCH_CHECK(checkpointed_convolutions == 4);
 }
 
 CATCH_TEST_CASE("VAE: sampling, scaling, sliced and tiled decode", "[vae]") {

@@ -34,7 +34,11 @@ class PackedConvWeights {
 
   // conv2d(x, weight, bias, stride 1, `padding`) on the packed weight, with the input gradient on
   // the packed transposed weight (packed when the input needs a gradient). x: [N, C_in, H, W].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t padding);
+  // known: the output when it is already known (a checkpoint's recomputation hands back the one its
+  // forward computed from the same x); the convolution then does not run again, since the input
+  // gradient needs only the weight.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t padding,
+                     const at::Tensor& known = at::Tensor());
 
   bool packed() const { return forward_.defined(); }
   int64_t bytes() const;  // of the packed copies held now

@@ -42,7 +42,10 @@ ResnetBlock2DImpl::ResnetBlock2DImpl(const ResnetBlock2DOptions& o) : options(o)
 
 at::Tensor ResnetBlock2DImpl::forward(const at::Tensor& x, const at::Tensor& temb) {
   if (gradient_checkpointing && torch::GradMode::is_enabled()) {
-    return checkpoint([this](const std::vector<at::Tensor>& in) { return forward_impl(in[0], in[1]); }, {x, temb});
+    // keep_results: the 3x3 convolutions' outputs are kept rather than recomputed (Conv2d on
+    // packed weights, CPU): a resnet's recomputation is then its norms and activations.
+    return checkpoint([this](const std::vector<at::Tensor>& in) { return forward_impl(in[0], in[1]); }, {x, temb},
+                      /*keep_results=*/true);
   }
   return forward_impl(x, temb);
 }
