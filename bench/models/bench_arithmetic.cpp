@@ -62,11 +62,9 @@ struct UNetCounter {
       count.attention += 2 * n * n * c + 2 * n * text_tokens * c;
     }
   }
-  bool has_attention(const std::string& block_type) const { return block_type.rfind("CrossAttn", 0) == 0; }
-
   void unet(int64_t latent) {
     const auto& channels = config.block_out_channels;
-    const size_t levels = channels.size();
+    const size_t levels = config.num_blocks();
     auto pixels_at = [&](size_t level) { return (latent >> level) * (latent >> level); };
     conv(pixels_at(0), config.in_channels, channels[0], config.conv_in_kernel);
     int64_t width = channels[0];
@@ -74,7 +72,7 @@ struct UNetCounter {
       for (int64_t j = 0; j < config.layers_per_block[i]; ++j) {
         resnet(pixels_at(i), width, channels[i]);
         width = channels[i];
-        if (has_attention(config.down_block_types[i]))
+        if (config.down_has_attention(i))
           transformer(pixels_at(i), width, config.transformer_layers_per_block[i], config.cross_attention_dim[i]);
       }
       if (i + 1 < levels) conv(pixels_at(i + 1), width, width, 3);  // downsampler (stride 2)
@@ -93,7 +91,7 @@ struct UNetCounter {
       for (int64_t j = 0; j < layers; ++j) {
         const int64_t skip = j == layers - 1 ? skip_in : out;
         resnet(pixels_at(level), (j == 0 ? previous : out) + skip, out);
-        if (has_attention(config.up_block_types[u]))
+        if (config.up_has_attention(u))
           transformer(pixels_at(level), out, config.transformer_layers_per_block[level], config.cross_attention_dim[level]);
       }
       previous = out;

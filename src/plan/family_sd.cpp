@@ -9,8 +9,9 @@
 // BlockedAttention keeps q, k, v only), the GEGLU projection and the residual sums. Gradient
 // checkpointing (resnets and transformer blocks) keeps each block's output (and a transformer
 // block's blocked attention outputs and a resnet's convolution outputs on packed weights, which
-// the recomputation takes back) and recomputes one block at a time in backward. The factors below are element counts of those tensors, checked
-// against measured peaks (tests/plan/test_plan_accuracy.cpp, docs/benchmarks.md); none is fitted.
+// the recomputation takes back) and recomputes one block at a time in backward. The factors below
+// are element counts of those tensors, checked against measured peaks
+// (tests/plan/test_plan_accuracy.cpp, docs/benchmarks.md); none is fitted.
 #include <algorithm>
 #include <cstdint>
 #include <map>
