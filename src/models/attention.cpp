@@ -2,6 +2,7 @@
 
 #include "loratrain/models/attention_blocks.h"
 #include "loratrain/models/checkpointing.h"
+#include "loratrain/models/fused_attention.h"
 
 #include <ATen/ATen.h>
 
@@ -187,6 +188,70 @@ struct BlockedAttention : public torch::autograd::Function<BlockedAttention> {
   }
 };
 
+// The fused kernel's forward over every head: out [N, Lq, D] and the rows' log-sum-exp [N, Lq].
+std::pair<at::Tensor, at::Tensor> fused_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                double scale) {
+  const int64_t lq = q.size(1), lk = k.size(1), d = q.size(2);
+  const at::Tensor kt = k.transpose(1, 2).contiguous();  // [N, D, Lk]: the score kernel's layout
+  at::Tensor out = at::empty_like(q);
+  at::Tensor lse = at::empty({q.size(0), lq}, q.options());
+  for_each_head(q.size(0), [&](int64_t n) {
+    at::Tensor scratch = at::empty({fused_attention::scratch_floats(lk)}, q.options());
+    fused_attention::forward(q[n].data_ptr<float>(), kt[n].data_ptr<float>(), v[n].data_ptr<float>(), lq, lk, d,
+                             static_cast<float>(scale), out[n].data_ptr<float>(), lse[n].data_ptr<float>(),
+                             scratch.data_ptr<float>());
+  });
+  return {out, lse};
+}
+
+// Attention by the fused kernel (fused_attention.h): fp32, no mask, on an AVX-512 CPU. Keeps q, k,
+// v, the output and the rows' log-sum-exp for backward, which recomputes each block's
+// probabilities from them.
+struct FusedAttention : public torch::autograd::Function<FusedAttention> {
+  // known_out, known_lse: a checkpoint's recomputation hands back what its forward computed.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double scale, const at::Tensor* known_out,
+                            const at::Tensor* known_lse) {
+    at::Tensor out, lse;
+    if (known_out != nullptr) {
+      out = *known_out;
+      lse = *known_lse;
+    } else {
+      std::tie(out, lse) = fused_forward(q, k, v, scale);
+    }
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const float scale = static_cast<float>(ctx->saved_data["scale"].toDouble());
+    const int64_t lq = q.size(1), lk = k.size(1), d = q.size(2);
+    const at::Tensor grad_out = grads[0].to(at::kFloat).contiguous();
+    const at::Tensor delta = (grad_out * out).sum(-1);  // [N, Lq]: rowsum(dO * O), the softmax gradient's shift
+    const at::Tensor kt = k.transpose(1, 2).contiguous();
+    const at::Tensor vt = v.transpose(1, 2).contiguous();
+    at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+    for_each_head(q.size(0), [&](int64_t n) {
+      at::Tensor scratch = at::empty({fused_attention::scratch_floats(lk)}, q.options());
+      fused_attention::backward(q[n].data_ptr<float>(), k[n].data_ptr<float>(), kt[n].data_ptr<float>(),
+                                vt[n].data_ptr<float>(), grad_out[n].data_ptr<float>(), delta[n].data_ptr<float>(),
+                                lse[n].data_ptr<float>(), lq, lk, d, scale, dq[n].data_ptr<float>(),
+                                dk[n].data_ptr<float>(), dv[n].data_ptr<float>(), scratch.data_ptr<float>());
+    });
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+bool fused_kernel_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool masked, bool causal) {
+  return !masked && !causal && q.is_cpu() && q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+         v.scalar_type() == at::kFloat && v.size(-1) == q.size(-1) && q.size(-1) <= fused_attention::kMaxHeadDim &&
+         fused_attention::available();
+}
+
 // Query rows per block: the caller's chunk, at least 16 rows (below that the per-block overhead
 // dominates: 32 rows ran slower than 64 and 128 in the measurement of attention_blocks.h).
 int64_t block_rows(int64_t limit) { return std::max<int64_t>(16, limit); }
@@ -215,8 +280,26 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     while (m.dim() < 4) m = m.unsqueeze(0);
     m = m.to(score_dtype);
   }
-  const int64_t rows = block_rows(chunk);
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (options.cpu_speed_rule && options.fused_kernel && fused_kernel_takes(q3, k3, v3, mask.has_value(), options.causal)) {
+    // In a checkpointed block the forward's output and log-sum-exp are kept for the recomputation.
+    const at::Tensor kept_out = kept_result();
+    const at::Tensor kept_lse = kept_out.defined() ? kept_result() : at::Tensor();
+    at::Tensor out, lse;
+    if (grad) {
+      out = FusedAttention::apply(q3, k3, v3, scale, kept_out.defined() ? &kept_out : nullptr,
+                                  kept_lse.defined() ? &kept_lse : nullptr);
+    } else if (kept_out.defined()) {
+      out = kept_out;
+      lse = kept_lse;
+    } else {
+      std::tie(out, lse) = fused_forward(q3, k3, v3, scale);
+    }
+    keep_for_recompute(out);
+    if (lse.defined()) keep_for_recompute(lse);
+    return out.view({b, heads, lq, dv});
+  }
+  const int64_t rows = block_rows(chunk);
   // In a checkpointed block the forward's output is kept (L x D per head, against L^2 work) and
   // the recomputation takes it back instead of attending again: backward needs only q, k, v.
   const at::Tensor kept = kept_result();

@@ -11,6 +11,7 @@
 #include "loratrain/models/attention.h"
 #include "loratrain/models/attention_blocks.h"
 #include "loratrain/models/checkpointing.h"
+#include "loratrain/models/fused_attention.h"
 #include "loratrain/models/packed_conv.h"
 #include "loratrain/models/sd/load.h"
 #include "loratrain/util/error.h"
@@ -149,29 +150,70 @@ CATCH_TEST_CASE("chunked attention with gradients: recomputed per chunk, same va
   auto make = [] { return torch::randn({2, 3, 37, 8}).set_requires_grad(true); };
   at::Tensor q = make(), k = make(), v = make();
   at::Tensor weight = torch::randn({2, 3, 37, 8});
-  auto grads = [&](int64_t chunk) {
+  auto grads = [&](int64_t chunk, bool fused) {
     for (auto* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
     lt::models::AttentionOptions options;
     options.query_chunk = chunk;
+    options.fused_kernel = fused;
     at::Tensor out = lt::models::attention(q, k, v, options);
     (out * weight).sum().backward();
     return std::vector<at::Tensor>{out.detach(), q.grad().clone(), k.grad().clone(), v.grad().clone()};
   };
-  const auto plain = grads(0);
-  const auto chunked = grads(10);  // 37 rows: chunks of 10, 10, 10, 7
-  for (size_t i = 0; i < plain.size(); ++i) {
-    CATCH_INFO("tensor " << i);
-    CATCH_CHECK((plain[i] - chunked[i]).abs().max().item<double>() <= 1e-5);
+  const auto plain = grads(0, false);
+  // LibTorch's products block by block, and the fused kernel where this CPU has it.
+  for (const bool fused : {false, true}) {
+    const auto chunked = grads(10, fused);  // 37 rows: chunks of 10, 10, 10, 7
+    for (size_t i = 0; i < plain.size(); ++i) {
+      CATCH_INFO("tensor " << i << (fused ? ", fused kernel" : ""));
+      CATCH_CHECK((plain[i] - chunked[i]).abs().max().item<double>() <= 1e-5);
+    }
+    // The heads run on LibTorch's worker threads, whose autograd state is their own: the block
+    // products there must not be recorded (they write into preallocated outputs).
+    const int threads = at::get_num_threads();
+    at::set_num_threads(2);
+    const auto threaded = grads(10, fused);
+    at::set_num_threads(threads);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      CATCH_INFO("tensor " << i << " on 2 threads" << (fused ? ", fused kernel" : ""));
+      CATCH_CHECK((plain[i] - threaded[i]).abs().max().item<double>() <= 1e-5);
+    }
   }
-  // The heads run on LibTorch's worker threads, whose autograd state is their own: the block
-  // products there must not be recorded (they write into preallocated outputs).
-  const int threads = at::get_num_threads();
-  at::set_num_threads(2);
-  const auto threaded = grads(10);
-  at::set_num_threads(threads);
-  for (size_t i = 0; i < plain.size(); ++i) {
-    CATCH_INFO("tensor " << i << " on 2 threads");
-    CATCH_CHECK((plain[i] - threaded[i]).abs().max().item<double>() <= 1e-5);
+}
+
+CATCH_TEST_CASE("fused CPU attention kernel: the UNets' head widths and text lengths, values and gradients",
+                "[attention]") {
+  if (!lt::models::fused_attention::available()) {
+    CATCH_WARN("this CPU has no AVX-512: the fused attention kernel does not run here");
+    return;
+  }
+  // Head widths: SD1.5's 40/80/160, SDXL's 64, the tiny UNet's 4 and one of 24 (a masked last
+  // vector in every tile); key lengths: 77 text tokens and 300 (column panels of 64 and a tail);
+  // 300 query rows span two blocks of rows against 77 keys.
+  struct Shape {
+    int64_t queries, keys, dim;
+  };
+  for (const Shape shape : {Shape{300, 77, 40}, Shape{64, 300, 80}, Shape{50, 50, 160}, Shape{77, 77, 64},
+                            Shape{40, 300, 4}, Shape{33, 21, 24}}) {
+    torch::manual_seed(7);
+    auto make = [&](int64_t length) { return torch::randn({2, 3, length, shape.dim}).set_requires_grad(true); };
+    at::Tensor q = make(shape.queries), k = make(shape.keys), v = make(shape.keys);
+    const at::Tensor weight = torch::randn({2, 3, shape.queries, shape.dim});
+    auto grads = [&](bool fused) {
+      for (auto* t : {&q, &k, &v}) t->mutable_grad() = at::Tensor();
+      lt::models::AttentionOptions options;
+      options.query_chunk = fused ? 16 : 0;
+      at::Tensor out = fused ? lt::models::attention(q, k, v, options)
+                             : at::softmax(at::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(shape.dim)), -1)
+                                   .matmul(v);
+      (out * weight).sum().backward();
+      return std::vector<at::Tensor>{out.detach(), q.grad().clone(), k.grad().clone(), v.grad().clone()};
+    };
+    const auto expected = grads(false), actual = grads(true);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      CATCH_INFO(shape.queries << " queries, " << shape.keys << " keys, heads of " << shape.dim << ": tensor " << i);
+      const double magnitude = std::max(1.0, expected[i].abs().max().item<double>());
+      CATCH_CHECK((expected[i] - actual[i]).abs().max().item<double>() <= 2e-5 * magnitude);
+    }
   }
 }
 

@@ -17,6 +17,10 @@ struct AttentionOptions {
   // whatever query_chunk says). Off where a CPU run stands for a GPU (memory.simulate_vram): there
   // attention takes the configured path, as on the GPU, so it runs out of memory where the GPU would.
   bool cpu_speed_rule = true;
+  // Whether the blocked path may run as the fused CPU kernel (fused_attention.h: fp32, no mask, an
+  // AVX-512 CPU, under the speed rule); off: LibTorch's matrix products block by block (what the
+  // benchmark and the tests compare it with).
+  bool fused_kernel = true;
 };
 
 // q: [B, H, Lq, D], k and v: [B, H, Lk, D], mask (optional, additive, broadcastable to

@@ -1,0 +1,263 @@
+// The kernels of fused_attention.h. Plain C++ on raw arrays (no LibTorch here), compiled at -O3 with
+// AVX-512 enabled per function (target attribute), so that the rest of the program stays buildable
+// and runnable on CPUs without it: callers check available() first.
+#include "loratrain/models/fused_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+// GCC 12's AVX-512 headers start masked and reducing intrinsics from _mm512_undefined_ps(), which its
+// flow analysis then reports as uninitialised (a known false positive of those headers).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define LT_AVX512 __attribute__((target("avx512f")))
+
+namespace lt::models::fused_attention {
+
+namespace {
+
+// Rows of a register tile with nv 16-wide column vectors: rows x nv accumulators, the nv vectors
+// of B and one broadcast of A fit AVX-512's 32 registers, and the row pointers the general-purpose
+// registers (at most 8 rows).
+constexpr int rows_for(int nv) { return nv <= 3 ? 8 : nv == 4 ? 6 : nv == 5 ? 5 : nv == 6 ? 4 : nv <= 8 ? 3 : 2; }
+
+// C[R, 16 nv] (+)= alpha * A[R, kn] B[kn, 16 nv]. A's element (r, k) is a[r * a_row + k * a_col]:
+// row-major A (a_col = 1) and a transposed one (a_row = 1) alike, without a copy. `last` masks the
+// columns of the last vector.
+template <int R, int NV>
+LT_AVX512 void tile(int64_t kn, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                    int64_t ldc, __mmask16 last, float alpha, bool accumulate) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kn; ++k) {
+    const float* bk = b + k * ldb;
+    __m512 bv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV - 1; ++v) bv[v] = _mm512_loadu_ps(bk + 16 * v);
+    bv[NV - 1] = _mm512_maskz_loadu_ps(last, bk + 16 * (NV - 1));
+    const float* ak = a + k * a_col;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 ar = _mm512_set1_ps(ak[r * a_row]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      float* cv = c + r * ldc + 16 * v;
+      const __mmask16 m = v == NV - 1 ? last : static_cast<__mmask16>(0xFFFF);
+      __m512 x = _mm512_mul_ps(acc[r][v], scale);
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, cv));
+      _mm512_mask_storeu_ps(cv, m, x);
+    }
+  }
+}
+
+// The rows left after the full tiles: one tile of exactly `rows` (< R) rows.
+template <int R, int NV>
+LT_AVX512 void rest(int64_t rows, int64_t kn, const float* a, int64_t a_row, int64_t a_col, const float* b,
+                    int64_t ldb, float* c, int64_t ldc, __mmask16 last, float alpha, bool accumulate) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      tile<R, NV>(kn, a, a_row, a_col, b, ldb, c, ldc, last, alpha, accumulate);
+    } else {
+      rest<R - 1, NV>(rows, kn, a, a_row, a_col, b, ldb, c, ldc, last, alpha, accumulate);
+    }
+  }
+}
+
+template <int NV>
+LT_AVX512 void panel(int64_t m, int64_t kn, const float* a, int64_t a_row, int64_t a_col, const float* b,
+                     int64_t ldb, float* c, int64_t ldc, __mmask16 last, float alpha, bool accumulate) {
+  constexpr int R = rows_for(NV);
+  int64_t i = 0;
+  for (; i + R <= m; i += R) tile<R, NV>(kn, a + i * a_row, a_row, a_col, b, ldb, c + i * ldc, ldc, last, alpha, accumulate);
+  rest<R - 1, NV>(m - i, kn, a + i * a_row, a_row, a_col, b, ldb, c + i * ldc, ldc, last, alpha, accumulate);
+}
+
+// C[m, n] (+)= alpha * A[m, kn] B[kn, n], B and C row-major. Columns in panels of 64 when n is
+// wider than a head (the panel of B then stays in L1 across the row tiles), else all at once.
+LT_AVX512 void gemm(int64_t m, int64_t n, int64_t kn, const float* a, int64_t a_row, int64_t a_col, const float* b,
+                    int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
+  const int64_t step = n <= kMaxHeadDim ? n : 64;
+  for (int64_t j = 0; j < n; j += step) {
+    const int64_t w = std::min(step, n - j);
+    const int nv = static_cast<int>((w + 15) / 16);
+    const auto last = static_cast<__mmask16>((1u << (w - 16 * (nv - 1))) - 1u);
+    const float* bj = b + j;
+    float* cj = c + j;
+    switch (nv) {
+      case 1: panel<1>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 2: panel<2>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 3: panel<3>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 4: panel<4>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 5: panel<5>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 6: panel<6>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 7: panel<7>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 8: panel<8>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      case 9: panel<9>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+      default: panel<10>(m, kn, a, a_row, a_col, bj, ldb, cj, ldc, last, alpha, accumulate); break;
+    }
+  }
+}
+
+// e^x for x <= 0 (scores minus their row's maximum or log-sum-exp): 2^n e^f with |f| <= ln2/2,
+// e^f by its Taylor series to f^7 (relative error below 1e-8 there), 2^n by scalef.
+LT_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln 2 in two parts (Cody-Waite)
+  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+LT_AVX512 float row_max(const float* row, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    m = _mm512_mask_max_ps(m, tail_mask(n - j), m, _mm512_maskz_loadu_ps(tail_mask(n - j), row + j));
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// row <- exp(row - shift) in place; returns the sum.
+LT_AVX512 float exp_row(float* row, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = tail_mask(n - j);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), s));
+    sum = _mm512_mask_add_ps(sum, m, sum, e);
+    _mm512_mask_storeu_ps(row + j, m, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+LT_AVX512 void scale_row(float* row, int64_t n, float factor) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = tail_mask(n - j);
+    _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), f));
+  }
+}
+
+// d_probs <- probs * (d_probs - delta): the softmax's gradient of one row.
+LT_AVX512 void softmax_grad_row(const float* probs, float* d_probs, int64_t n, float delta) {
+  const __m512 dl = _mm512_set1_ps(delta);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = tail_mask(n - j);
+    const __m512 g = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, d_probs + j), dl);
+    _mm512_mask_storeu_ps(d_probs + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, probs + j), g));
+  }
+}
+
+LT_AVX512 void forward_avx512(const float* q, const float* kt, const float* v, int64_t lq, int64_t lk, int64_t d,
+                              float scale, float* out, float* lse, float* scratch) {
+  const int64_t br = block_rows(lk);
+  float* s = scratch;  // [br, lk]: scores, then probabilities
+  for (int64_t i0 = 0; i0 < lq; i0 += br) {
+    const int64_t rows = std::min(br, lq - i0);
+    gemm(rows, lk, d, q + i0 * d, d, 1, kt, lk, s, lk, scale, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = s + r * lk;
+      const float top = row_max(row, lk);
+      const float sum = exp_row(row, lk, top);
+      scale_row(row, lk, 1.0f / sum);
+      lse[i0 + r] = top + std::log(sum);
+    }
+    gemm(rows, d, lk, s, lk, 1, v, d, out + i0 * d, d, 1.0f, false);
+  }
+}
+
+LT_AVX512 void backward_avx512(const float* q, const float* k, const float* kt, const float* vt, const float* d_out,
+                               const float* delta, const float* lse, int64_t lq, int64_t lk, int64_t d, float scale,
+                               float* dq, float* dk, float* dv, float* scratch) {
+  const int64_t br = block_rows(lk);
+  float* probs = scratch;         // [br, lk]
+  float* d_scores = scratch + br * lk;  // [br, lk]: the probabilities' gradient, then the scores'
+  std::memset(dk, 0, sizeof(float) * lk * d);
+  std::memset(dv, 0, sizeof(float) * lk * d);
+  for (int64_t i0 = 0; i0 < lq; i0 += br) {
+    const int64_t rows = std::min(br, lq - i0);
+    const float* q_rows = q + i0 * d;
+    const float* d_out_rows = d_out + i0 * d;
+    gemm(rows, lk, d, q_rows, d, 1, kt, lk, probs, lk, scale, false);
+    for (int64_t r = 0; r < rows; ++r) exp_row(probs + r * lk, lk, lse[i0 + r]);
+    gemm(lk, d, rows, probs, 1, lk, d_out_rows, d, dv, d, 1.0f, true);         // dV += P^T dO
+    gemm(rows, lk, d, d_out_rows, d, 1, vt, lk, d_scores, lk, 1.0f, false);  // dP = dO V^T
+    for (int64_t r = 0; r < rows; ++r) softmax_grad_row(probs + r * lk, d_scores + r * lk, lk, delta[i0 + r]);
+    gemm(rows, d, lk, d_scores, lk, 1, k, d, dq + i0 * d, d, scale, false);  // dQ = dS K scale
+    gemm(lk, d, rows, d_scores, 1, lk, q_rows, d, dk, d, scale, true);       // dK += dS^T Q scale
+  }
+}
+
+}  // namespace
+
+bool available() { return __builtin_cpu_supports("avx512f"); }
+
+void forward(const float* q, const float* kt, const float* v, int64_t lq, int64_t lk, int64_t d, float scale,
+             float* out, float* lse, float* scratch) {
+  forward_avx512(q, kt, v, lq, lk, d, scale, out, lse, scratch);
+}
+
+void backward(const float* q, const float* k, const float* kt, const float* vt, const float* d_out,
+              const float* delta, const float* lse, int64_t lq, int64_t lk, int64_t d, float scale, float* dq,
+              float* dk, float* dv, float* scratch) {
+  backward_avx512(q, k, kt, vt, d_out, delta, lse, lq, lk, d, scale, dq, dk, dv, scratch);
+}
+
+}  // namespace lt::models::fused_attention
+
+#else
+
+namespace lt::models::fused_attention {
+bool available() { return false; }
+void forward(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, float*, float*, float*) {
+  throw std::logic_error("fused attention: AVX-512 kernels are not built for this CPU architecture");
+}
+void backward(const float*, const float*, const float*, const float*, const float*, const float*, const float*,
+              int64_t, int64_t, int64_t, float, float*, float*, float*, float*) {
+  throw std::logic_error("fused attention: AVX-512 kernels are not built for this CPU architecture");
+}
+}  // namespace lt::models::fused_attention
+
+#endif
+
+namespace lt::models::fused_attention {
+
+// A block's scores (and, in backward, their gradient) within about 256 KiB: they are written once
+// and read back twice while the block is processed, from the core's L2 cache instead of memory.
+// More rows per block mean fewer passes over dK and dV (accumulated once per block).
+// A multiple of 24 rows, so that the register tiles (8 or 6 rows) divide a block.
+int64_t block_rows(int64_t key_rows) {
+  const int64_t fit = (1024 * 1024) / std::max<int64_t>(1, key_rows);
+  return std::clamp<int64_t>(fit / 24 * 24, 24, 240);
+}
+
+int64_t scratch_floats(int64_t key_rows) { return 2 * block_rows(key_rows) * key_rows; }
+
+}  // namespace lt::models::fused_attention
