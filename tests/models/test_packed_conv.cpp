@@ -84,6 +84,44 @@ CATCH_TEST_CASE("a frozen convolution on packed weights matches the stock one, L
   }
 }
 
+CATCH_TEST_CASE("a frozen 3x3 convolution by Winograd matches the stock one, LoRA on top, one packed copy",
+                "[models][packed_conv]") {
+  if (!lt::models::winograd_convolutions_available()) {
+    CATCH_WARN("no oneDNN Winograd convolutions in this build or on this CPU");
+    return;
+  }
+  // Channels in multiples of 16 and inputs from 16x16 on: where the Winograd kernels serve.
+  for (const bool bias : {true, false}) {
+    CATCH_INFO((bias ? "with" : "without") << " a bias");
+    torch::manual_seed(12);
+    lt::models::Conv2d conv(32, 48, 3, 1, 1, bias);
+    for (auto& p : conv->parameters()) p.set_requires_grad(false);
+    auto lora = std::make_shared<lt::lora::LoRAModuleImpl>("lora_conv", "conv", conv.ptr(), 4, 4.0, 0.0);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : lora->parameters()) p.normal_(0.0, 0.1);
+    }
+    lora->attach();
+    conv->train();
+    const torch::Tensor x = torch::randn({2, 32, 20, 18});
+    const Result stock = run(conv, lora, x, false);
+    const Result winograd = run(conv, lora, x, true);
+    CATCH_CHECK(conv->packed_weights.winograd());
+    // One copy serves the forward and the input gradient.
+    CATCH_CHECK(conv->packed_weights.bytes() == conv->weight.numel() * 4);
+    CATCH_CHECK(relative(winograd.y, stock.y) < 1e-5);
+    CATCH_CHECK(relative(winograd.grad_x, stock.grad_x) < 1e-5);
+    CATCH_CHECK(relative(winograd.grad_down, stock.grad_down) < 1e-5);
+    CATCH_CHECK(relative(winograd.grad_up, stock.grad_up) < 1e-5);
+    // Below 16x16 the direct kernels take over, on their own two copies.
+    const Result small_stock = run(conv, lora, x.narrow(2, 0, 12), false);
+    const Result small = run(conv, lora, x.narrow(2, 0, 12), true);
+    CATCH_CHECK_FALSE(conv->packed_weights.winograd());
+    CATCH_CHECK(conv->packed_weights.bytes() >= 2 * conv->weight.numel() * 4);
+    CATCH_CHECK(relative(small.grad_x, small_stock.grad_x) < 1e-5);
+  }
+}
+
 CATCH_TEST_CASE("packed convolution weights follow the weight and stay out of eval mode and trainable weights",
                 "[models][packed_conv]") {
   if (!lt::models::packed_convolutions_available()) return;

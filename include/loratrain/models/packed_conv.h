@@ -4,6 +4,9 @@
 // stride-1 convolution is itself a convolution (of the output gradient with the weight flipped in
 // both spatial axes and its in/out channels swapped, padding k-1-p), so it runs on a second packed
 // copy. Memory: two more copies of each packed weight (the plain one stays the parameter).
+// Where oneDNN's headers were found at build time, fp32 3x3 convolutions (padding 1) on inputs of
+// at least 16x16 on an AVX-512 CPU run oneDNN's Winograd F(4x4, 3x3) kernels instead, forward and
+// input gradient on one packed copy (LibTorch's own convolution never chooses that algorithm).
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -13,6 +16,9 @@ namespace lt::models {
 
 // Whether this LibTorch can run them: built with MKLDNN and not disabled at runtime.
 bool packed_convolutions_available();
+// Whether fp32 3x3 convolutions may run oneDNN's Winograd kernels: built with oneDNN's headers,
+// on an AVX-512 CPU.
+bool winograd_convolutions_available();
 
 // A frozen 1x1 convolution (stride 1, no padding; the transformers' proj_in/proj_out and the
 // resnets' shortcuts) as a matrix product over the channels: per sample W [out, in] @ x [in, H*W]
@@ -41,6 +47,7 @@ class PackedConvWeights {
                      const at::Tensor& known = at::Tensor());
 
   bool packed() const { return forward_.defined(); }
+  bool winograd() const { return winograd_problem_ != nullptr; }  // packed for the Winograd kernels
   int64_t bytes() const;  // of the packed copies held now
   void reset();
 
@@ -50,6 +57,9 @@ class PackedConvWeights {
   const void* source_ = nullptr;
   int64_t source_version_ = -1;
   int64_t padding_ = -1;
+  // Non-null: forward_ holds the weight for oneDNN's Winograd kernels (forward and input gradient
+  // alike; backward_ stays empty), packed for this problem's primitives (packed_conv.cpp).
+  const void* winograd_problem_ = nullptr;
 };
 
 }  // namespace lt::models
