@@ -293,17 +293,20 @@ bool PackedConvWeights::applies(const at::Tensor& weight, const at::Tensor& bias
 
 #ifdef LT_HAVE_ONEDNN
 namespace {
-// Winograd from 16x16 on: 2.3-2.8x faster than the direct kernels at 64x64 and 32x32, reorders
-// included, 1.15x at 16x16 and 2x slower at 8x8 (oneDNN 2.6, fp32, 2 cores of an AMD EPYC with
-// AVX-512; docs/benchmarks.md).
-constexpr int64_t kWinogradMinSide = 16;
+// The smallest input side Winograd serves. On 2 cores of an AMD EPYC (Zen 4) it was 2.3-2.8x
+// faster than the direct kernels at 64x64 and 32x32, reorders included, 1.15x at 16x16 and 2x
+// slower at 8x8 (and the whole step 0.55 s slower with the direct kernels at 16x16); on a Xeon,
+// whose direct kernels run twice as many multiply-adds per cycle, 1.6-2x at 64x64, even at 32x32
+// and slower at 16x16 (oneDNN 2.6, fp32; docs/benchmarks.md).
+int64_t winograd_min_side() { return util::cpu_is_amd() ? 16 : 32; }
 
 const winograd::Problem* winograd_problem(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                           int64_t padding) {
   if (weight.scalar_type() != at::kFloat || x.scalar_type() != at::kFloat || x.dim() != 4 || weight.size(2) != 3 ||
-      padding != 1 || x.size(2) < kWinogradMinSide || x.size(3) < kWinogradMinSide || !util::cpu_has_avx512_core()) {
+      padding != 1 || !util::cpu_has_avx512_core()) {
     return nullptr;
   }
+  if (x.size(2) < winograd_min_side() || x.size(3) < winograd_min_side()) return nullptr;
   return winograd::problem(x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3), bias.defined());
 }
 }  // namespace

@@ -1,7 +1,7 @@
 // Fused fp32 attention for one head on AVX-512 CPUs: the scores of a block of query rows are
-// computed, turned into probabilities and multiplied out while they are in the core's own cache,
-// by register-tiled loops of the kernel's own (no BLAS call, no packing per block, no score
-// matrix of a whole head in memory). Backward recomputes a block's probabilities from the row's
+// computed, turned into probabilities and multiplied out by register-tiled loops of the kernel's
+// own (no BLAS call, no packing per block, no score matrix of a whole head in memory; the
+// scaling, exponentials and softmax gradient happen as the tiles are stored). Backward recomputes a block's probabilities from the row's
 // log-sum-exp that forward saved. Header without LibTorch: raw row-major fp32 arrays.
 #pragma once
 #include <cstdint>
@@ -13,7 +13,7 @@ bool available();
 constexpr int64_t kMaxHeadDim = 160;
 
 // Query rows per block for `key_rows` keys, and the scratch one head's forward or backward needs
-// (floats), at most a few hundred KiB so that a block's scores stay in the core's L2 cache.
+// (floats): two blocks of scores, at most 2 x 4 MiB.
 int64_t block_rows(int64_t key_rows);
 int64_t scratch_floats(int64_t key_rows);
 

@@ -5,8 +5,9 @@
 // both spatial axes and its in/out channels swapped, padding k-1-p), so it runs on a second packed
 // copy. Memory: two more copies of each packed weight (the plain one stays the parameter).
 // Where oneDNN's headers were found at build time, fp32 3x3 convolutions (padding 1) on inputs of
-// at least 16x16 on an AVX-512 CPU run oneDNN's Winograd F(4x4, 3x3) kernels instead, forward and
-// input gradient on one packed copy (LibTorch's own convolution never chooses that algorithm).
+// at least 32x32 (16x16 on AMD processors) on an AVX-512 CPU run oneDNN's Winograd F(4x4, 3x3)
+// kernels instead, forward and input gradient on one packed copy (LibTorch's own convolution
+// never chooses that algorithm).
 #pragma once
 #include <ATen/core/Tensor.h>
 
