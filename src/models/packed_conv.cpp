@@ -295,9 +295,8 @@ bool PackedConvWeights::applies(const at::Tensor& weight, const at::Tensor& bias
 namespace {
 // The smallest input side Winograd serves. On 2 cores of an AMD EPYC (Zen 4) it was 2.3-2.8x
 // faster than the direct kernels at 64x64 and 32x32, reorders included, 1.15x at 16x16 and 2x
-// slower at 8x8; on a Xeon,
-// whose direct kernels run twice as many multiply-adds per cycle, 1.6-2x at 64x64, even at 32x32
-// and slower at 16x16 (oneDNN 2.6, fp32; docs/benchmarks.md).
+// slower at 8x8; on a Xeon, whose direct kernels run twice as many multiply-adds per cycle,
+// 1.6-2x at 64x64, even at 32x32 and slower at 16x16 (oneDNN 2.6, fp32; docs/benchmarks.md).
 int64_t winograd_min_side() { return util::cpu_is_amd() ? 16 : 32; }
 
 const winograd::Problem* winograd_problem(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
