@@ -3,6 +3,8 @@
 // and runnable on CPUs without it: callers check available() first.
 #include "loratrain/models/fused_attention.h"
 
+#include "loratrain/util/cpu_features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -251,7 +253,7 @@ LT_AVX512 void backward_avx512(const float* q, const float* k, const float* kt, 
 
 }  // namespace
 
-bool available() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"); }
+bool available() { return util::cpu_has_avx512_core(); }  // F and VL, with BW and DQ
 
 void forward(const float* q, const float* kt, const float* v, int64_t lq, int64_t lk, int64_t d, float scale,
              float* out, float* lse, float* scratch) {

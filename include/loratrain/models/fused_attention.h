@@ -8,7 +8,8 @@
 
 namespace lt::models::fused_attention {
 
-// Whether this CPU runs the kernels (AVX-512F and VL), and the widest head they take.
+// Whether this CPU runs the kernels (AVX-512: util::cpu_has_avx512_core), and the widest head
+// they take.
 bool available();
 constexpr int64_t kMaxHeadDim = 160;
 
