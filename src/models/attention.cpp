@@ -281,7 +281,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     m = m.to(score_dtype);
   }
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (options.cpu_speed_rule && options.fused_kernel && fused_kernel_takes(q3, k3, v3, mask.has_value(), options.causal)) {
+  if (options.cpu_speed_rule && options.fused_kernel &&
+      fused_kernel_takes(q3, k3, v3, mask.has_value(), options.causal)) {
     // In a checkpointed block the forward's output and log-sum-exp are kept for the recomputation.
     const at::Tensor kept_out = kept_result();
     const at::Tensor kept_lse = kept_out.defined() ? kept_result() : at::Tensor();

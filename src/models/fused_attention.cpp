@@ -152,7 +152,8 @@ LT_AVX512 void panel(int64_t m, int64_t kn, const float* a, int64_t a_row, int64
   for (; i + R <= m; i += R) {
     tile<R, NV, HALF>(kn, a + i * a_row, a_row, a_col, b, ldb, c + i * ldc, ldc, last, epilogue_at(e, i, col, ldc));
   }
-  rest<R - 1, NV, HALF>(m - i, kn, a + i * a_row, a_row, a_col, b, ldb, c + i * ldc, ldc, last, epilogue_at(e, i, col, ldc));
+  rest<R - 1, NV, HALF>(m - i, kn, a + i * a_row, a_row, a_col, b, ldb, c + i * ldc, ldc, last,
+                        epilogue_at(e, i, col, ldc));
 }
 
 // C[m, n] (+)= epilogue(A[m, kn] B[kn, n]), B and C row-major. Columns in panels of 64 when n is

@@ -95,11 +95,13 @@ const Problem* problem(int64_t n, int64_t c, int64_t o, int64_t h, int64_t w, bo
   return problems.emplace(key, std::move(made)).first->second.get();
 }
 
-// `tensor` (contiguous fp32 NCHW) reordered into `desc`, in a buffer of LibTorch's allocator.
-at::Tensor to_layout(const at::Tensor& tensor, const dnnl::memory::desc& desc, dnnl::stream& stream) {
+// `tensor` (contiguous fp32, laid out as `tag` says: activations nchw, weights oihw) reordered into
+// `desc`, in a buffer of LibTorch's allocator.
+at::Tensor to_layout(const at::Tensor& tensor, const dnnl::memory::desc& desc, dnnl::stream& stream,
+                     dnnl::memory::format_tag tag = dnnl::memory::format_tag::nchw) {
   at::Tensor out = at::empty({static_cast<int64_t>(desc.get_size())}, tensor.options().dtype(at::kByte));
   const dims d(tensor.sizes().begin(), tensor.sizes().end());
-  dnnl::memory from(plain(d, dnnl::memory::format_tag::nchw), engine(), tensor.data_ptr());
+  dnnl::memory from(plain(d, tag), engine(), tensor.data_ptr());
   dnnl::memory to(desc, engine(), out.data_ptr());
   dnnl::reorder(from, to).execute(stream, from, to);
   return out;
@@ -154,13 +156,8 @@ at::Tensor input_gradient(const Problem& p, const at::Tensor& grad_y, const at::
 // The plain [o, c, 3, 3] weight in the layout of `p`'s primitives.
 at::Tensor pack(const Problem& p, const at::Tensor& weight) {
   dnnl::stream stream(engine());
-  const at::Tensor w = weight.contiguous();
-  at::Tensor out = at::empty({static_cast<int64_t>(p.forward_desc.weights_desc().get_size())},
-                             w.options().dtype(at::kByte));
-  const dims d(w.sizes().begin(), w.sizes().end());
-  dnnl::memory from(plain(d, dnnl::memory::format_tag::oihw), engine(), w.data_ptr());
-  dnnl::memory to(p.forward_desc.weights_desc(), engine(), out.data_ptr());
-  dnnl::reorder(from, to).execute(stream, from, to);
+  at::Tensor out =
+      to_layout(weight.contiguous(), p.forward_desc.weights_desc(), stream, dnnl::memory::format_tag::oihw);
   stream.wait();
   return out;
 }

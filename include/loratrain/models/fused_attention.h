@@ -1,8 +1,9 @@
 // Fused fp32 attention for one head on AVX-512 CPUs: the scores of a block of query rows are
 // computed, turned into probabilities and multiplied out by register-tiled loops of the kernel's
 // own (no BLAS call, no packing per block, no score matrix of a whole head in memory; the
-// scaling, exponentials and softmax gradient happen as the tiles are stored). Backward recomputes a block's probabilities from the row's
-// log-sum-exp that forward saved. Header without LibTorch: raw row-major fp32 arrays.
+// scaling, exponentials and softmax gradient happen as the tiles are stored). Backward recomputes
+// a block's probabilities from the row's log-sum-exp that forward saved. Header without LibTorch:
+// raw row-major fp32 arrays.
 #pragma once
 #include <cstdint>
 
